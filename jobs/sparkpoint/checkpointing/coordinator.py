@@ -1,0 +1,398 @@
+"""The checkpoint authority's pure core: ids, triggers, acknowledgements, expiry and failover.
+
+:class:`CheckpointCoordinator` plays Flink's ``CheckpointCoordinator`` without I/O: the host feeds
+it triggers, acknowledgements and declines, calls ``expire_overdue`` on a timer, and acts on the
+answers (write ``_metadata``, delete the state of failed and subsumed checkpoints, fail over when
+``must_fail_job``). Each failure is handed out once: ``drain_failed`` holds only the pending
+checkpoints that a completion subsumed, never what a method returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.checkpointing.failure_manager import (
+    EXCEEDED_CHECKPOINT_TOLERABLE_FAILURE_MESSAGE,
+    CheckpointFailureManager,
+)
+from sparkpoint.checkpointing.pending import (
+    AckResult,
+    CheckpointFailureReason,
+    CheckpointTriggerError,
+    CompletedCheckpoint,
+    FailedCheckpoint,
+    FailoverDecision,
+    PendingCheckpoint,
+    SubtaskKey,
+    TaskAcknowledgeResult,
+    expected_subtasks,
+    format_subtasks,
+)
+from sparkpoint.checkpointing.store import CompletedCheckpointStore
+from sparkpoint.clock import Clock
+from sparkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ConfigurationError,
+    StaleAttemptError,
+)
+from sparkpoint.protocol import CheckpointKind, SnapshotCompleted
+
+Reason = CheckpointFailureReason
+
+
+class CheckpointCoordinator:
+    """Assigns checkpoint ids, tracks pending checkpoints and completes, expires or aborts them."""
+
+    def __init__(
+        self,
+        job_id: str,
+        tasks: dict[str, int],
+        config: CheckpointConfig,
+        clock: Clock,
+        *,
+        attempt: int = 1,
+        next_checkpoint_id: int = 1,
+    ) -> None:
+        """Create the coordinator of a job.
+
+        Args:
+            job_id: the job's id, named in every error.
+            tasks: operator uid -> parallelism; every ``(uid, i < parallelism)`` must acknowledge.
+            config: the checkpoint configuration.
+            clock: wall clock for timestamps, monotonic clock for deadlines and pauses.
+            attempt: the current job attempt.
+            next_checkpoint_id: the id of the next checkpoint (>= 1; ids only ever increase).
+
+        Raises:
+            ConfigurationError: when ``tasks`` is empty or a parallelism is below 1.
+        """
+        if next_checkpoint_id < 1:
+            raise ConfigurationError(f"job {job_id}: next_checkpoint_id must be >= 1")
+        self.job_id = job_id
+        self._expected = expected_subtasks(job_id, tasks)
+        self._operators = ", ".join(f"{op} x{n}" for op, n in sorted(tasks.items()))
+        self._config = config
+        self._clock = clock
+        self._attempt = attempt
+        self._next_id = next_checkpoint_id
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self.store = CompletedCheckpointStore(config.retained)
+        self.failure_manager = CheckpointFailureManager(config.tolerable_failures)
+        self._completed_ids: set[int] = set()
+        self._failed: list[FailedCheckpoint] = []
+        self._subsumed: list[tuple[int | None, CompletedCheckpoint]] = []  # (subsumed by, cp)
+        self._periodic_base_mono = clock.monotonic_ms()
+        self._last_finished_mono: float | None = None
+        self._must_fail_cause: str | None = None
+
+    # ------------------------------------------------------------------------- state
+
+    @property
+    def attempt(self) -> int:
+        return self._attempt
+
+    @property
+    def config(self) -> CheckpointConfig:
+        return self._config
+
+    @property
+    def next_checkpoint_id(self) -> int:
+        return self._next_id
+
+    @property
+    def pending(self) -> dict[int, PendingCheckpoint]:
+        """The pending checkpoints by id (a copy of the mapping)."""
+        return dict(self._pending)
+
+    @property
+    def must_fail_job(self) -> bool:
+        """True once the tolerable failure threshold was exceeded; cleared by a failover."""
+        return self._must_fail_cause is not None
+
+    @property
+    def must_fail_cause(self) -> str | None:
+        return self._must_fail_cause
+
+    def update_config(self, changes: dict[str, Any]) -> CheckpointConfig:
+        """Apply runtime-mutable changes from the next trigger; a lower ``retained`` subsumes.
+
+        Raises:
+            ConfigurationError: when a field cannot change while the job runs, or is invalid.
+        """
+        new = self._config.with_changes(changes)
+        if new.retained != self._config.retained:
+            self._subsumed.extend((None, cp) for cp in self.store.set_retained(new.retained))
+        self.failure_manager.set_tolerable(new.tolerable_failures)
+        self._config = new
+        return new
+
+    def drain_failed(self) -> list[FailedCheckpoint]:
+        """Pending checkpoints that completions subsumed since the last drain."""
+        failed, self._failed = self._failed, []
+        return failed
+
+    def drain_subsumed(self) -> list[CompletedCheckpoint]:
+        """Completed checkpoints retention dropped since the last drain: delete their state.
+        Drain after writing the new ``_metadata``: ``finalize_failed`` takes back only these."""
+        subsumed, self._subsumed = self._subsumed, []
+        return [cp for _, cp in subsumed]
+
+    # ------------------------------------------------------------------------- triggering
+
+    def periodic_due(self) -> bool:
+        """Whether to trigger a periodic checkpoint now: the interval has passed since the last
+        regular trigger (or start, or failover), the minimum pause since the last completion or
+        failure is over, fewer than ``max_concurrent`` are pending, and no failover is due."""
+        cfg, now = self._config, self._clock.monotonic_ms()
+        return (
+            cfg.interval_ms > 0
+            and not self.must_fail_job
+            and now - self._periodic_base_mono >= cfg.interval_ms
+            and len(self._pending) < cfg.max_concurrent
+            and self._pause_left(now) <= 0
+        )
+
+    def trigger(
+        self,
+        kind: CheckpointKind = CheckpointKind.CHECKPOINT,
+        *,
+        periodic: bool = False,
+        is_final: bool = False,
+        target_directory: str | None = None,
+    ) -> PendingCheckpoint:
+        """Start a checkpoint or savepoint under the next id.
+
+        Savepoints and final checkpoints are never refused. A regular checkpoint is refused
+        while ``max_concurrent`` checkpoints (savepoints included, as in Flink) are pending; a
+        periodic one also while the minimum pause is not over.
+
+        Raises:
+            CheckpointTriggerError: with reason ``TOO_MANY_CHECKPOINT_REQUESTS`` or
+                ``MINIMUM_TIME_BETWEEN_CHECKPOINTS``; no id is used up then.
+        """
+        cfg, now = self._config, self._clock.monotonic_ms()
+        if kind is CheckpointKind.CHECKPOINT and not is_final:
+            if len(self._pending) >= cfg.max_concurrent:
+                pending = ", ".join(map(str, self._pending))
+                raise CheckpointTriggerError(
+                    self.job_id,
+                    Reason.TOO_MANY_CHECKPOINT_REQUESTS,
+                    f"{len(self._pending)} checkpoint(s) pending ({pending}), "
+                    f"max concurrent is {cfg.max_concurrent}",
+                )
+            if periodic and self._pause_left(now) > 0:
+                raise CheckpointTriggerError(
+                    self.job_id,
+                    Reason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                    f"minimum pause of {cfg.min_pause_ms} ms between checkpoints not over "
+                    f"({self._pause_left(now):g} ms left)",
+                )
+        checkpoint = PendingCheckpoint(
+            checkpoint_id=self._next_id,
+            kind=kind,
+            attempt=self._attempt,
+            trigger_timestamp=self._clock.now_ms(),
+            trigger_monotonic_ms=now,
+            timeout_ms=cfg.timeout_ms,
+            expected=self._expected,
+            is_final=is_final,
+            target_directory=target_directory,
+        )
+        self._next_id += 1
+        self._pending[checkpoint.checkpoint_id] = checkpoint
+        if kind is CheckpointKind.CHECKPOINT:
+            self._periodic_base_mono = now
+        return checkpoint
+
+    # ------------------------------------------------------------------------- task messages
+
+    def acknowledge(self, attempt: int, ack: SnapshotCompleted) -> AckResult:
+        """Record a subtask's acknowledgement; the last expected one completes the checkpoint.
+
+        Completion: (1) the checkpoint leaves ``pending``, (2) enters the store (what retention
+        drops goes to ``drain_subsumed``), (3) resets the failure count, (4) aborts older
+        pending regular checkpoints as ``CHECKPOINT_SUBSUMED`` (to ``drain_failed``).
+
+        Raises:
+            StaleAttemptError: when ``attempt`` is older than the current one.
+            CheckpointError: for an unknown subtask, a checkpoint never triggered, or an
+                attempt newer than the current one.
+        """
+        cid, key = ack.checkpoint_id, (ack.operator_id, ack.subtask)
+        self._check_message(attempt, cid, key, f"acknowledgement of checkpoint {cid}")
+        pending = self._pending.get(cid)
+        if pending is None:
+            done = cid in self._completed_ids
+            return AckResult(discarded=not done, duplicate=done)
+        if pending.acknowledge_task(ack) is TaskAcknowledgeResult.DUPLICATE:
+            return AckResult(duplicate=True)
+        if not pending.is_fully_acknowledged:
+            return AckResult()
+        return AckResult(completed=self._complete(pending))
+
+    def decline(
+        self, attempt: int, checkpoint_id: int, operator_id: str, subtask: int, reason: str
+    ) -> FailedCheckpoint | None:
+        """Fail (``CHECKPOINT_DECLINED``) a checkpoint a subtask declined; None if not pending.
+
+        Raises:
+            StaleAttemptError: when ``attempt`` is older than the current one.
+            CheckpointError: for an unknown subtask or a checkpoint never triggered.
+        """
+        key = (operator_id, subtask)
+        self._check_message(attempt, checkpoint_id, key, f"decline of checkpoint {checkpoint_id}")
+        pending = self._pending.get(checkpoint_id)
+        if pending is None:
+            return None
+        message = f"{self._name(checkpoint_id)} declined by {operator_id}[{subtask}]: {reason}"
+        return self._fail(pending, Reason.CHECKPOINT_DECLINED, message, by=key)
+
+    # ------------------------------------------------------------------------- timers, aborts
+
+    def expire_overdue(self) -> list[FailedCheckpoint]:
+        """Fail as ``CHECKPOINT_EXPIRED`` every pending checkpoint whose timeout (the one
+        configured at its trigger) has passed, exactly at the deadline included."""
+        now, expired = self._clock.monotonic_ms(), []
+        for cid in sorted(self._pending):
+            pending = self._pending[cid]
+            if now >= pending.deadline_monotonic_ms():
+                message = (
+                    f"{self._name(cid)} expired before completing after {pending.timeout_ms} ms: "
+                    f"{pending.num_acknowledged}/{pending.num_subtasks} subtasks acknowledged; "
+                    f"missing: {format_subtasks(pending.missing_subtasks())}"
+                )
+                expired.append(self._fail(pending, Reason.CHECKPOINT_EXPIRED, message))
+        return expired
+
+    def abort_all(self, reason: CheckpointFailureReason, message: str) -> list[FailedCheckpoint]:
+        """Abort every pending checkpoint, oldest first, with the given reason."""
+        return self._abort_pending(reason, f"aborted: {message}")
+
+    def finalize_failed(self, checkpoint_id: int, message: str) -> FailedCheckpoint:
+        """Take back a completion whose ``_metadata`` could not be written.
+
+        It fails as ``FINALIZE_CHECKPOINT_FAILURE`` and leaves the store; the checkpoints its
+        completion subsumed that were not drained yet return to the store.
+
+        Raises:
+            CheckpointNotFoundError: when the store does not hold that checkpoint.
+            CheckpointError: when it is pinned.
+        """
+        if self.store.get(checkpoint_id) is None:
+            raise CheckpointNotFoundError(
+                f"job {self.job_id}: checkpoint {checkpoint_id} is not in the store"
+            )
+        completed = self.store.remove(checkpoint_id)
+        self._completed_ids.discard(checkpoint_id)
+        taken_back = [cp for by, cp in self._subsumed if by == checkpoint_id]
+        self._subsumed = [(by, cp) for by, cp in self._subsumed if by != checkpoint_id]
+        for checkpoint in taken_back:
+            self._subsumed.extend((None, cp) for cp in self.store.add(checkpoint))
+        message = f"{self._name(checkpoint_id)} failed to finalize: {message}"
+        failed = completed.to_failed(
+            Reason.FINALIZE_CHECKPOINT_FAILURE, message, self._clock.now_ms()
+        )
+        self._report_failure(failed)
+        return failed
+
+    def failover(self, cause: str) -> FailoverDecision:
+        """Abort all pending checkpoints, start the next attempt, and restore the completed
+        checkpoint with the highest id, savepoints included (None when there is none)."""
+        return self._restart(cause, self.store.latest(include_savepoints=True))
+
+    def restore_to(self, checkpoint_id: int) -> FailoverDecision:
+        """Like :meth:`failover`, restoring the given checkpoint (a user's request).
+
+        Raises:
+            CheckpointNotFoundError: when the store does not hold it; nothing changes then.
+        """
+        checkpoint = self.store.get(checkpoint_id)
+        if checkpoint is None:
+            retained = ", ".join(str(cp.checkpoint_id) for cp in self.store.all()) or "none"
+            raise CheckpointNotFoundError(
+                f"job {self.job_id}: checkpoint {checkpoint_id} is not retained "
+                f"(retained: {retained})"
+            )
+        return self._restart(f"restore of checkpoint {checkpoint_id} requested", checkpoint)
+
+    # ------------------------------------------------------------------------- internals
+
+    def _name(self, checkpoint_id: int) -> str:
+        return f"checkpoint {checkpoint_id} of job {self.job_id}"
+
+    def _pause_left(self, now: float) -> float:
+        if self._last_finished_mono is None:
+            return 0.0
+        return self._config.min_pause_ms - (now - self._last_finished_mono)
+
+    def _check_message(self, attempt: int, checkpoint_id: int, key: SubtaskKey, what: str) -> None:
+        what = f"job {self.job_id}: {what} by {key[0]}[{key[1]}]"
+        if attempt < self._attempt:
+            raise StaleAttemptError(
+                f"{what} carries attempt {attempt}, older than the current attempt "
+                f"{self._attempt}; refused"
+            )
+        if attempt > self._attempt:
+            raise CheckpointError(
+                f"{what} carries attempt {attempt}, newer than the current attempt {self._attempt}"
+            )
+        if key not in self._expected:
+            raise CheckpointError(
+                f"{what}: unknown subtask {key[0]}[{key[1]}] (operators: {self._operators})"
+            )
+        if checkpoint_id >= self._next_id:
+            raise CheckpointError(f"{what}: checkpoint {checkpoint_id} was never triggered")
+
+    def _complete(self, pending: PendingCheckpoint) -> CompletedCheckpoint:
+        cid, now = pending.checkpoint_id, self._clock.monotonic_ms()
+        # Step 1: the checkpoint leaves pending and becomes a completed checkpoint.
+        del self._pending[cid]
+        completed = pending.finalize(self._clock.now_ms(), now)
+        self._completed_ids.add(cid)
+        self._last_finished_mono = now
+        # Step 2: into the store; retention may subsume older completed checkpoints.
+        self._subsumed.extend((cid, cp) for cp in self.store.add(completed))
+        # Step 3: a completion resets the failure count.
+        self.failure_manager.handle_success(cid)
+        # Step 4: older pending regular checkpoints are subsumed (Flink: not by a savepoint).
+        if completed.is_savepoint and not completed.is_final:
+            return completed
+        for older in sorted(i for i in self._pending if i < cid):
+            candidate = self._pending[older]
+            if not (candidate.is_savepoint or candidate.is_final):
+                message = f"{self._name(older)} was subsumed by completed checkpoint {cid}"
+                self._failed.append(self._fail(candidate, Reason.CHECKPOINT_SUBSUMED, message))
+        return completed
+
+    def _fail(
+        self, pending: PendingCheckpoint, reason: Reason, message: str, by: SubtaskKey | None = None
+    ) -> FailedCheckpoint:
+        del self._pending[pending.checkpoint_id]
+        self._last_finished_mono = self._clock.monotonic_ms()
+        failed = pending.abort(reason, message, self._clock.now_ms(), by)
+        self._report_failure(failed)
+        return failed
+
+    def _abort_pending(self, reason: CheckpointFailureReason, why: str) -> list[FailedCheckpoint]:
+        return [
+            self._fail(self._pending[cid], reason, f"{self._name(cid)} {why}")
+            for cid in sorted(self._pending)
+        ]
+
+    def _report_failure(self, failed: FailedCheckpoint) -> None:
+        if self.failure_manager.handle_failure(failed):
+            self._must_fail_cause = (
+                f"{EXCEEDED_CHECKPOINT_TOLERABLE_FAILURE_MESSAGE} Job {self.job_id}, "
+                f"tolerable failures {self.failure_manager.tolerable_failures}; last: "
+                f"{failed.message} ({failed.reason.value})"
+            )
+
+    def _restart(self, cause: str, restore_from: CompletedCheckpoint | None) -> FailoverDecision:
+        why = f"aborted by the failover of attempt {self._attempt}: {cause}"
+        aborted = self._abort_pending(Reason.JOB_FAILOVER_REGION, why)
+        self._attempt += 1
+        self._must_fail_cause = None
+        self._periodic_base_mono = self._clock.monotonic_ms()
+        return FailoverDecision(self._attempt, restore_from, cause, aborted)

@@ -1,0 +1,48 @@
+"""Errors raised by the Sparkpoint runtime: one root, small subclasses that name what failed."""
+
+from __future__ import annotations
+
+
+class SparkpointError(Exception):
+    """Root of every error the runtime raises on purpose."""
+
+
+class ConfigurationError(SparkpointError):
+    """An option or a job graph is invalid; the message names the option or operator."""
+
+
+class CheckpointError(SparkpointError):
+    """A checkpoint could not be taken, completed or restored."""
+
+
+class CheckpointDeclinedError(CheckpointError):
+    """A subtask declined a checkpoint (for example: snapshot above the inline size limit)."""
+
+    def __init__(self, checkpoint_id: int, operator_id: str, subtask: int, reason: str) -> None:
+        super().__init__(
+            f"checkpoint {checkpoint_id} declined by {operator_id}[{subtask}]: {reason}"
+        )
+        self.checkpoint_id = checkpoint_id
+        self.operator_id = operator_id
+        self.subtask = subtask
+        self.reason = reason
+
+
+class CorruptSnapshotError(CheckpointError):
+    """A state handle's bytes do not match its recorded size or checksum."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """A checkpoint or savepoint to restore does not exist (or has no ``_metadata``)."""
+
+
+class StaleAttemptError(SparkpointError):
+    """A message carries a job attempt older than the current one and is refused."""
+
+
+class StorageLocationError(SparkpointError):
+    """A path lies outside the storage root it must stay under."""
+
+
+class InjectedFailure(SparkpointError):
+    """A failure injected on purpose by ``--fail-after`` or :mod:`sparkpoint.testing`."""

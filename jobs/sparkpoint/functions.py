@@ -1,0 +1,237 @@
+"""Operators of a job graph: stateless chained functions and keyed operators.
+
+Stateless operators (``map``, ``filter``, ``flat_map``, ``map_batch``) transform a whole
+:class:`~sparkpoint.records.Batch`; user functions are called once per record, built-in ones
+work on columns. Keyed operators run after the key-group exchange with keyed state.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.records import Batch
+from sparkpoint.state.descriptors import ValueStateDescriptor
+from sparkpoint.state.hashmap import HashMapKeyedStateBackend
+
+KeySelector = str | Callable[[Any], Any]
+
+
+def select_keys(selector: KeySelector, batch: Batch) -> np.ndarray:
+    """The key of every record of ``batch`` (a column lookup for a field-name selector)."""
+    if isinstance(selector, str):
+        return batch.column(selector)
+    keys = np.empty(len(batch), dtype=object)
+    keys[:] = [selector(r) for r in batch.rows]
+    return keys
+
+
+class StatelessOperator(abc.ABC):
+    """An operator chained into its upstream task."""
+
+    def __init__(self, uid: str, kind: str) -> None:
+        self.uid = uid
+        self.kind = kind
+
+    @abc.abstractmethod
+    def apply(self, batch: Batch) -> Batch: ...
+
+
+class MapOperator(StatelessOperator):
+    def __init__(self, uid: str, fn: Callable[[Any], Any]) -> None:
+        super().__init__(uid, "map")
+        self.fn = fn
+
+    def apply(self, batch: Batch) -> Batch:
+        return Batch.of_rows(self.fn(r) for r in batch.rows)
+
+
+class FilterOperator(StatelessOperator):
+    def __init__(self, uid: str, fn: Callable[[Any], bool]) -> None:
+        super().__init__(uid, "filter")
+        self.fn = fn
+
+    def apply(self, batch: Batch) -> Batch:
+        if batch.is_columnar:
+            rows = batch.rows
+            keep = np.fromiter((bool(self.fn(r)) for r in rows), dtype=bool, count=len(rows))
+            return batch.take(np.flatnonzero(keep))
+        return Batch.of_rows(r for r in batch.rows if self.fn(r))
+
+
+class FlatMapOperator(StatelessOperator):
+    def __init__(self, uid: str, fn: Callable[[Any], Iterable[Any]]) -> None:
+        super().__init__(uid, "flat_map")
+        self.fn = fn
+
+    def apply(self, batch: Batch) -> Batch:
+        return Batch.of_rows(out for r in batch.rows for out in self.fn(r))
+
+
+class MapBatchOperator(StatelessOperator):
+    """A vectorized user function: ``Batch -> Batch``."""
+
+    def __init__(self, uid: str, fn: Callable[[Batch], Batch]) -> None:
+        super().__init__(uid, "map_batch")
+        self.fn = fn
+
+    def apply(self, batch: Batch) -> Batch:
+        return self.fn(batch)
+
+
+class KeyedContext:
+    """What a keyed function sees: the current key and its keyed state."""
+
+    def __init__(self, backend: HashMapKeyedStateBackend) -> None:
+        self._backend = backend
+
+    @property
+    def current_key(self) -> Any:
+        return self._backend.current_key
+
+    def get_state(self, descriptor: Any) -> Any:
+        """The ValueState / ListState / MapState for ``descriptor``, scoped to the current key."""
+        return self._backend.get_state(descriptor)
+
+
+class KeyedProcessFunction:
+    """Flink's KeyedProcessFunction: per record, with keyed state; yields its outputs."""
+
+    def open(self, ctx: KeyedContext) -> None:
+        """Called once per subtask and epoch before the first record (create state here)."""
+
+    def process_element(self, value: Any, ctx: KeyedContext) -> Iterable[Any]:
+        raise NotImplementedError
+
+
+class KeyedOperator(abc.ABC):
+    """An operator after the key-group exchange, with keyed state."""
+
+    kind = "keyed"
+
+    def __init__(self, uid: str, selector: KeySelector, emit: str = "every") -> None:
+        if emit not in ("every", "epoch"):
+            raise ConfigurationError(f"emit must be 'every' or 'epoch', not {emit!r} ({uid})")
+        self.uid = uid
+        self.selector = selector
+        self.emit = emit
+        self.key_field = selector if isinstance(selector, str) else "key"
+
+    @abc.abstractmethod
+    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+        """Process a batch of records of this subtask's key groups; return the output."""
+
+    def open(self, backend: HashMapKeyedStateBackend) -> None:
+        self._changed: dict[Any, Any] = {}
+
+    def end_of_epoch(self, backend: HashMapKeyedStateBackend) -> Batch:
+        """With ``emit="epoch"``: the latest value of every key updated in this epoch."""
+        return Batch.of_rows([])
+
+
+class CountOperator(KeyedOperator):
+    """Running count per key, vectorized: one ``numpy`` pass per batch, no call per record."""
+
+    kind = "count"
+    STATE = "count"
+
+    def __init__(self, uid: str, selector: KeySelector, output: str, emit: str) -> None:
+        super().__init__(uid, selector, emit)
+        self.output = output
+
+    def open(self, backend: HashMapKeyedStateBackend) -> None:
+        super().open(backend)
+        backend.get_state(ValueStateDescriptor(self.STATE, 0))  # registers the state
+
+    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+        keys = select_keys(self.selector, batch)
+        if not len(keys):
+            return Batch.of_rows([])
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        table = backend.table(self.STATE)
+        ukeys = uniq.tolist()
+        base = np.fromiter((table.get(k, 0) for k in ukeys), dtype=np.int64, count=len(ukeys))
+        per_key = np.bincount(inverse, minlength=len(ukeys))
+        totals = base + per_key
+        for k, total in zip(ukeys, totals.tolist(), strict=True):
+            table[k] = total
+        if self.emit == "epoch":
+            for k, total in zip(ukeys, totals.tolist(), strict=True):
+                self._changed[k] = total
+            return Batch.of_rows([])
+        # Running count of each record: base + its 1-based rank among its key's records.
+        order = np.argsort(inverse, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(per_key)[:-1]))
+        rank = np.empty(len(keys), dtype=np.int64)
+        rank[order] = np.arange(len(keys)) - np.repeat(starts, per_key) + 1
+        return Batch.of_columns(**{self.key_field: keys, self.output: base[inverse] + rank})
+
+    def end_of_epoch(self, backend: HashMapKeyedStateBackend) -> Batch:
+        if not self._changed:
+            return Batch.of_rows([])
+        ks = list(self._changed)
+        out = Batch.of_columns(
+            **{self.key_field: np.array(ks), self.output: np.array([self._changed[k] for k in ks])}
+        )
+        self._changed = {}
+        return out
+
+
+class ReduceOperator(KeyedOperator):
+    """Flink's ``reduce``: folds each key's records with ``fn``, emits the running value."""
+
+    kind = "reduce"
+
+    def __init__(self, uid: str, selector: KeySelector, fn: Callable[[Any, Any], Any], emit: str):
+        super().__init__(uid, selector, emit)
+        self.fn = fn
+        self.descriptor = ValueStateDescriptor("reduce")
+
+    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+        out = []
+        rows = batch.rows
+        keys = select_keys(self.selector, batch).tolist()
+        state = backend.get_state(self.descriptor)
+        for key, value in zip(keys, rows, strict=True):
+            backend.set_current_key(key)
+            acc = state.value()
+            acc = value if acc is None else self.fn(acc, value)
+            state.update(acc)
+            if self.emit == "every":
+                out.append(acc)
+            else:
+                self._changed[key] = acc
+        return Batch.of_rows(out)
+
+    def end_of_epoch(self, backend: HashMapKeyedStateBackend) -> Batch:
+        out = Batch.of_rows(list(self._changed.values()))
+        self._changed = {}
+        return out
+
+
+class ProcessOperator(KeyedOperator):
+    """Runs a :class:`KeyedProcessFunction` once per record, with its key set."""
+
+    kind = "process"
+
+    def __init__(self, uid: str, selector: KeySelector, fn: KeyedProcessFunction) -> None:
+        super().__init__(uid, selector, "every")
+        self.fn = fn
+
+    def open(self, backend: HashMapKeyedStateBackend) -> None:
+        super().open(backend)
+        self._ctx = KeyedContext(backend)
+        self.fn.open(self._ctx)
+
+    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+        out: list[Any] = []
+        rows = batch.rows
+        keys = select_keys(self.selector, batch).tolist()
+        for key, value in zip(keys, rows, strict=True):
+            backend.set_current_key(key)
+            out.extend(self.fn.process_element(value, self._ctx))
+        return Batch.of_rows(out)

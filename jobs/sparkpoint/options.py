@@ -1,0 +1,143 @@
+"""The product's common options, parsed from a job's command line beside the job's own arguments.
+
+``sparkpoint run job.py --standalone --checkpoint-interval 1 --events 1000`` hands every
+argument to the job; :func:`parse_job_options` takes the options below and leaves the rest
+(``--events 1000``) to the job's own parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.protocol import CheckpointingMode
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Everything the runtime needs besides the job graph."""
+
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    standalone: bool = True
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    checkpoint_dir: str | None = None
+    checkpoint_storage: str = "jobmanager"
+    max_inline_state_bytes: int = 1 << 20
+    state_backend: str = "hashmap"
+    parallelism: int = 2
+    max_parallelism: int = 128
+    master: str = "local[*]"
+    fail_after: int | None = None
+    from_checkpoint: str | None = None
+    local_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint"))
+    epoch_target_ms: float = 1000.0
+    max_epoch_records: int = 4_000_000
+    min_epoch_records: int = 1_000
+    events_log: str | None = None
+    restart_strategy: dict[str, str] = field(default_factory=dict)
+
+
+def _seconds_to_ms(flag: str, value: float) -> int:
+    if value < 0:
+        raise ConfigurationError(f"{flag} must be >= 0 seconds, got {value}")
+    return int(round(value * 1000))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--standalone", action="store_true")
+    p.add_argument("--job-id")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-storage", choices=["filesystem", "jobmanager"])
+    p.add_argument("--checkpoint-interval", type=float, default=0.0)
+    p.add_argument("--checkpoint-timeout", type=float, default=600.0)
+    p.add_argument("--min-pause", type=float, default=0.0)
+    p.add_argument("--tolerable-failures", type=int, default=0)
+    p.add_argument("--retained", type=int, default=1)
+    p.add_argument("--mode", choices=[m.value for m in CheckpointingMode], default="exactly_once")
+    p.add_argument("--state-backend", choices=["hashmap"], default="hashmap")
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--max-parallelism", type=int, default=128)
+    p.add_argument("--master", default=os.environ.get("SPARKPOINT_MASTER", "local[*]"))
+    p.add_argument("--fail-after", type=int)
+    p.add_argument("--from-checkpoint")
+    p.add_argument("--local-dir")
+    p.add_argument("--epoch-target-ms", type=float, default=1000.0)
+    p.add_argument("--max-epoch-records", type=int, default=4_000_000)
+    p.add_argument("--events-log")
+    p.add_argument("--restart-strategy", choices=["none", "fixed-delay"], default="fixed-delay")
+    p.add_argument("--restart-attempts", type=int, default=3)
+    p.add_argument("--restart-delay", type=float, default=1.0)
+    p.add_argument("--max-inline-state", type=int, default=1 << 20)
+    return p
+
+
+
+def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, list[str]]:
+    """Split ``argv`` into the product's options and the job's own arguments.
+
+    Raises:
+        ConfigurationError: an option has an invalid value (the message names it).
+    """
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    try:
+        ns, rest = parser.parse_known_args(args)
+    except SystemExit as err:  # argparse exits on bad values; turn that into our error
+        raise ConfigurationError(f"invalid option in {' '.join(args)!r}") from err
+    if not ns.standalone:
+        raise ConfigurationError(
+            "this version runs jobs with --standalone (in-process coordination); "
+            "connecting to a control plane comes with `sparkpoint server`"
+        )
+    if ns.parallelism < 1 or ns.parallelism > ns.max_parallelism:
+        raise ConfigurationError(
+            f"--parallelism must be between 1 and --max-parallelism ({ns.max_parallelism}), "
+            f"got {ns.parallelism}"
+        )
+    if ns.fail_after is not None and ns.fail_after < 0:
+        raise ConfigurationError(f"--fail-after must be >= 0 records, got {ns.fail_after}")
+    storage = ns.checkpoint_storage or ("filesystem" if ns.checkpoint_dir else "jobmanager")
+    if storage == "filesystem" and not ns.checkpoint_dir:
+        raise ConfigurationError("--checkpoint-storage filesystem needs --checkpoint-dir URL")
+    if ns.restart_attempts < 0:
+        raise ConfigurationError(f"--restart-attempts must be >= 0, got {ns.restart_attempts}")
+    checkpoint = CheckpointConfig(
+        mode=CheckpointingMode(ns.mode),
+        interval_ms=_seconds_to_ms("--checkpoint-interval", ns.checkpoint_interval),
+        timeout_ms=max(1, _seconds_to_ms("--checkpoint-timeout", ns.checkpoint_timeout)),
+        min_pause_ms=_seconds_to_ms("--min-pause", ns.min_pause),
+        tolerable_failures=ns.tolerable_failures,
+        retained=ns.retained,
+    )
+    restart = {"restart-strategy.type": ns.restart_strategy}
+    if ns.restart_strategy == "fixed-delay":
+        restart["restart-strategy.fixed-delay.attempts"] = str(ns.restart_attempts)
+        restart["restart-strategy.fixed-delay.delay"] = f"{int(ns.restart_delay * 1000)} ms"
+    options = JobOptions(
+        job_id=ns.job_id or uuid.uuid4().hex,
+        standalone=True,
+        checkpoint=checkpoint,
+        checkpoint_dir=ns.checkpoint_dir,
+        checkpoint_storage=storage,
+        max_inline_state_bytes=ns.max_inline_state,
+        parallelism=ns.parallelism,
+        max_parallelism=ns.max_parallelism,
+        master=ns.master,
+        fail_after=ns.fail_after,
+        from_checkpoint=ns.from_checkpoint,
+        local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), "sparkpoint"),
+        epoch_target_ms=ns.epoch_target_ms,
+        max_epoch_records=ns.max_epoch_records,
+        events_log=ns.events_log,
+        restart_strategy=restart,
+    )
+    return options, rest

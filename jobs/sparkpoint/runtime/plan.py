@@ -1,0 +1,112 @@
+"""What the driver sends to the tasks of one epoch, and what each task sends back.
+
+Both are plain picklable dataclasses: an :class:`EpochPlan` travels to the executors in the
+task closure; a :class:`TaskReport` comes back in the task's result (execution contract 3:
+the driver publishes events only once it accepted the whole epoch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkpoint import protocol as p
+from sparkpoint.checkpointing.barriers import CheckpointBarrier
+from sparkpoint.checkpointing.storage import CheckpointStorage
+
+
+@dataclass(frozen=True)
+class SplitRange:
+    """Offsets ``[start, end)`` of one source split in an epoch, and where barrier n goes."""
+
+    split: int
+    split_id: str
+    start: int
+    end: int
+    barrier_offset: int | None = None  # start <= offset <= end
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class StateInput:
+    """Where a keyed subtask's working state comes from at the start of an epoch.
+
+    ``version``: the local file the previous accepted epoch wrote (reused only when the
+    file's tag matches); ``handles``: a checkpoint's state handles to restore (every handle
+    of the operator: the subtask keeps the key groups in its range); neither: empty state.
+    """
+
+    version: str | None = None
+    version_path: str | None = None
+    handles: tuple[p.StateHandleModel, ...] = ()
+    restored_from: int | None = None
+
+
+@dataclass(frozen=True)
+class FailureInjection:
+    """A failure to inject in job attempt 1, for ``--fail-after`` and the exactly-once tests.
+
+    ``where``:
+      - ``"source"``: source subtask ``subtask`` raises once its split reaches ``offset``;
+      - ``"keyed"``: keyed subtask ``subtask`` raises after ``records`` records this epoch
+        once ``epoch >= at_epoch``;
+      - ``"alignment"``: keyed subtask ``subtask`` raises while aligning checkpoint
+        ``checkpoint_id`` (after its first barrier, before its last);
+      - ``"after_pre_commit"``: keyed subtask ``subtask`` raises right after its sink
+        pre-committed for checkpoint ``checkpoint_id`` (the checkpoint never completes);
+      - ``"before_commit"``: the driver fails after checkpoint ``checkpoint_id`` completed
+        and before the sinks committed it.
+    """
+
+    where: str
+    subtask: int = 0
+    offset: int = 0
+    records: int = 0
+    at_epoch: int = 0
+    checkpoint_id: int = 0
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    job_id: str
+    job_name: str
+    attempt: int
+    epoch: int
+    mode: p.CheckpointingMode
+    ranges: tuple[SplitRange, ...]
+    barrier: CheckpointBarrier | None
+    state_inputs: tuple[StateInput, ...]  # one per keyed subtask (or the sink's source subtask)
+    committed_up_to: int  # sinks drop pending transactions with checkpoint id <= this
+    storage: CheckpointStorage
+    local_dir: str
+    chunk_records: int = 262_144
+    failure: FailureInjection | None = None
+
+    def injects(self, where: str, subtask: int) -> FailureInjection | None:
+        f = self.failure
+        if f is not None and f.where == where and f.subtask == subtask and f.attempt == self.attempt:
+            return f
+        return None
+
+
+@dataclass
+class TaskReport:
+    """What one task returns: counters, its events, its acknowledgement and working state."""
+
+    operator_id: str
+    subtask: int
+    epoch: int
+    attempt: int
+    task_attempt: int
+    records_in: int = 0
+    records_out: int = 0
+    duration_ms: float = 0.0
+    events: list[p.EventPayload] = field(default_factory=list)
+    acks: list[p.SnapshotCompleted] = field(default_factory=list)
+    declines: list[p.CheckpointDeclined] = field(default_factory=list)
+    state_version: str | None = None
+    state_version_path: str | None = None
+    split_end: dict[str, int] = field(default_factory=dict)

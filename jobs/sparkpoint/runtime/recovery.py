@@ -1,0 +1,50 @@
+"""What a restore starts from: a completed checkpoint in memory or one read from ``_metadata``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkpoint import protocol as p
+from sparkpoint.checkpointing.pending import CompletedCheckpoint
+from sparkpoint.checkpointing.storage import CheckpointStorage
+from sparkpoint.errors import CorruptSnapshotError
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """A checkpoint's acknowledgements: handles, source positions and sink transactions."""
+
+    checkpoint_id: int
+    attempt: int
+    acks: tuple[p.SnapshotCompleted, ...]
+    external_path: str | None = None
+
+    @classmethod
+    def of(cls, cp: CompletedCheckpoint) -> RestorePoint:
+        return cls(cp.checkpoint_id, cp.attempt, tuple(cp.acks.values()), cp.external_path)
+
+    def source_positions(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ack in self.acks:
+            out.update(ack.source_positions)
+        return out
+
+    def handles(self, operator_id: str) -> tuple[p.StateHandleModel, ...]:
+        return tuple(h for a in self.acks if a.operator_id == operator_id for h in a.handles)
+
+
+def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> RestorePoint:
+    """Read a checkpoint's ``_metadata`` (the chk directory or the file) into a RestorePoint.
+
+    Raises:
+        CheckpointNotFoundError: there is no ``_metadata`` at ``path``.
+        CorruptSnapshotError: the metadata is not a Sparkpoint checkpoint's.
+    """
+    meta = storage.read_metadata(path)
+    try:
+        if meta.get("format") != "sparkpoint-checkpoint/1":
+            raise ValueError(f"unknown format {meta.get('format')!r}")
+        acks = tuple(p.SnapshotCompleted.model_validate(a) for a in meta["acks"])
+        return RestorePoint(int(meta["checkpoint_id"]), int(meta["attempt"]), acks, path)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CorruptSnapshotError(f"{path}: not a valid Sparkpoint checkpoint: {err}") from err

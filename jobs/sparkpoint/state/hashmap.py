@@ -1,0 +1,550 @@
+"""The ``hashmap`` keyed state backend: working state in Python dicts, snapshots are full copies.
+
+Flink's ``HashMapStateBackend``. Per state name the backend keeps one dict, key -> value (for a
+list state the value is a list, for a map state a dict), holding every key of the backend's key
+group range. :meth:`HashMapKeyedStateBackend.table` gives built-in operators raw access to that
+dict, so a count operator can update a whole batch at once instead of record by record.
+
+A snapshot groups the state by key group so that :meth:`HashMapKeyedStateBackend.restore` can
+merge the snapshots of every old subtask and keep the key groups of a new one: that is how a
+checkpoint is restored with a different parallelism. Snapshot format: ``b"SPKS"``, a version
+byte, then a pickle (protocol 5) of ``{"max_parallelism", "key_group_range": (start, end),
+"states": {name: kind}, "groups": {key_group: {name: {key: value}}}}``, empty groups omitted.
+Snapshots are unpickled on restore: read them only from checkpoint storage you trust (its
+handles carry a checksum that is verified before the bytes get here).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import pickle
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any, overload
+
+import numpy as np
+
+from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
+from sparkpoint.state.descriptors import (
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    NoCurrentKeyError,
+    StateDescriptor,
+    StateKind,
+    ValueState,
+    ValueStateDescriptor,
+)
+from sparkpoint.state.key_groups import (
+    KeyGroupOutOfRangeError,
+    KeyGroupRange,
+    check_max_parallelism,
+    key_groups_of,
+    stable_hash,
+)
+
+SNAPSHOT_MAGIC = b"SPKS"
+SNAPSHOT_VERSION = 1
+_HEADER_LEN = len(SNAPSHOT_MAGIC) + 1
+_KINDS: frozenset[str] = frozenset({"value", "list", "map"})
+_SIZE_SAMPLE = 256  # entries per state that state_size() measures
+
+
+class _NoKey(enum.Enum):
+    """Markers that survive pickling as the same objects (``object()`` would not)."""
+
+    NO_KEY = 0
+    MISSING = 1  # a missing value, for dict.get
+
+
+_NO_KEY = _NoKey.NO_KEY
+_MISSING = _NoKey.MISSING
+
+
+class HashMapKeyedStateBackend:
+    """Keyed state of one subtask, for the key groups in ``key_group_range``.
+
+    Args:
+        max_parallelism: the operator's max parallelism (number of key groups).
+        key_group_range: the key groups this subtask owns.
+
+    Raises:
+        ConfigurationError: when the range does not fit in ``[0, max_parallelism)``.
+    """
+
+    def __init__(self, max_parallelism: int, key_group_range: KeyGroupRange) -> None:
+        self._max_parallelism = check_max_parallelism(max_parallelism)
+        if not isinstance(key_group_range, KeyGroupRange):
+            raise ConfigurationError(
+                f"key_group_range must be a KeyGroupRange, got {type(key_group_range).__name__}"
+            )
+        if key_group_range.end >= self._max_parallelism:
+            raise ConfigurationError(
+                f"key group range {key_group_range} does not fit in max_parallelism "
+                f"{self._max_parallelism} (key groups 0 to {self._max_parallelism - 1})"
+            )
+        self._key_group_range = key_group_range
+        self._kinds: dict[str, StateKind] = {}
+        self._tables: dict[str, dict[Any, Any]] = {}
+        self._current_key: Any = _NO_KEY
+        self._current_key_group = -1
+
+    def __repr__(self) -> str:
+        return (
+            f"HashMapKeyedStateBackend(max_parallelism={self._max_parallelism}, "
+            f"key_group_range={self._key_group_range}, states={sorted(self._kinds)})"
+        )
+
+    @property
+    def max_parallelism(self) -> int:
+        return self._max_parallelism
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        return self._key_group_range
+
+    @property
+    def states(self) -> dict[str, StateKind]:
+        """The registered (or restored) states: name -> kind."""
+        return dict(self._kinds)
+
+    # ------------------------------------------------------------------------- current key
+
+    def set_current_key(self, key: Any, key_group: int | None = None) -> None:
+        """Make ``key`` the key that every state object of this backend acts on.
+
+        Args:
+            key: the key (a type :func:`~sparkpoint.state.key_groups.stable_hash` accepts).
+            key_group: the key's key group when the caller has already computed it (the
+                runtime has, to route the record here); computed from ``key`` otherwise.
+
+        Raises:
+            KeyGroupOutOfRangeError: when the key's key group is not in this backend's range.
+        """
+        if key_group is None:
+            key_group = stable_hash(key) % self._max_parallelism
+        if not self._key_group_range.start <= key_group <= self._key_group_range.end:
+            raise KeyGroupOutOfRangeError(
+                f"key {key!r} is in key group {key_group}, outside the key group range "
+                f"{self._key_group_range} of this state backend "
+                f"(max_parallelism {self._max_parallelism})"
+            )
+        self._current_key = key
+        self._current_key_group = key_group
+
+    @property
+    def current_key(self) -> Any:
+        """The current key; raises :class:`NoCurrentKeyError` when none was set."""
+        if self._current_key is _NO_KEY:
+            raise NoCurrentKeyError("no current key: call set_current_key(key) first")
+        return self._current_key
+
+    @property
+    def current_key_group(self) -> int:
+        """The key group of the current key."""
+        if self._current_key is _NO_KEY:
+            raise NoCurrentKeyError("no current key: call set_current_key(key) first")
+        return self._current_key_group
+
+    # ------------------------------------------------------------------------- states
+
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+
+    def get_state(self, descriptor: StateDescriptor) -> ValueState | ListState | MapState:
+        """The state ``descriptor`` names, bound to this backend's current key.
+
+        Registers the state on first use; a restored state of the same name and kind gets
+        its restored contents.
+
+        Raises:
+            ConfigurationError: when a state of that name exists with another kind.
+        """
+        table = self._register(descriptor.name, descriptor.kind)
+        if isinstance(descriptor, ValueStateDescriptor):
+            return _HashMapValueState(self, descriptor, table)
+        if isinstance(descriptor, ListStateDescriptor):
+            return _HashMapListState(self, descriptor.name, table)
+        if isinstance(descriptor, MapStateDescriptor):
+            return _HashMapMapState(self, descriptor.name, table)
+        raise ConfigurationError(f"unsupported state descriptor {type(descriptor).__name__}")
+
+    def table(self, name: str) -> dict[Any, Any]:
+        """The raw dict (key -> value) of state ``name``, for vectorized operators.
+
+        Writers must only add keys of this backend's key group range; :meth:`snapshot`
+        refuses a key outside it.
+
+        Raises:
+            ConfigurationError: when no state of that name was registered or restored.
+        """
+        try:
+            return self._tables[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tables)) or "none"
+            raise ConfigurationError(
+                f"no keyed state named {name!r} (registered: {known}); "
+                "call get_state(descriptor) first"
+            ) from None
+
+    def _register(self, name: str, kind: StateKind) -> dict[Any, Any]:
+        existing = self._kinds.get(name)
+        if existing is None:
+            self._kinds[name] = kind
+            self._tables[name] = {}
+        elif existing != kind:
+            raise ConfigurationError(
+                f"keyed state {name!r} is a {existing} state; it cannot be used as a {kind} state"
+            )
+        return self._tables[name]
+
+    def _key(self, name: str) -> Any:
+        key = self._current_key
+        if key is _NO_KEY:
+            raise NoCurrentKeyError(
+                f"keyed state {name!r} was accessed with no current key: keyed state is only "
+                "available in a keyed operator, after set_current_key(key)"
+            )
+        return key
+
+    # ------------------------------------------------------------------------- sizes
+
+    def num_keys(self) -> int:
+        """How many distinct keys have some state."""
+        tables = [table for table in self._tables.values() if table]
+        if len(tables) <= 1:
+            return len(tables[0]) if tables else 0
+        return len(set().union(*tables))
+
+    def state_size(self) -> int:
+        """Approximate in-memory size of the state in bytes.
+
+        Measured (``sys.getsizeof`` of keys and values, one level into containers) on up to
+        256 entries per state and scaled to the number of entries, so that it is cheap to
+        report at every checkpoint.
+        """
+        total = 0.0
+        for table in self._tables.values():
+            if not table:
+                continue
+            sample = list(itertools.islice(table.items(), _SIZE_SAMPLE))
+            measured = sum(_sizeof(key) + _sizeof(value) for key, value in sample)
+            total += measured * len(table) / len(sample)
+        return round(total)
+
+    # ------------------------------------------------------------------------- snapshots
+
+    def snapshot(self) -> bytes:
+        """The synchronous part of a snapshot: a serialized copy of the state by key group.
+
+        Raises:
+            KeyGroupOutOfRangeError: when a raw table holds a key of another key group range.
+        """
+        groups: dict[int, dict[str, dict[Any, Any]]] = {}
+        start, end = self._key_group_range.start, self._key_group_range.end
+        for name, table in self._tables.items():
+            if not table:
+                continue
+            keys = list(table)
+            key_groups = _key_groups_of_distinct(keys, self._max_parallelism)
+            if min(key_groups) < start or max(key_groups) > end:
+                index = next(i for i, kg in enumerate(key_groups) if not start <= kg <= end)
+                raise KeyGroupOutOfRangeError(
+                    f"keyed state {name!r} holds key {keys[index]!r} of key group "
+                    f"{key_groups[index]}, outside the key group range {self._key_group_range} "
+                    f"of this state backend (max_parallelism {self._max_parallelism})"
+                )
+            for key, key_group in zip(keys, key_groups, strict=True):
+                by_state = groups.get(key_group)
+                if by_state is None:
+                    by_state = groups[key_group] = {}
+                entries = by_state.get(name)
+                if entries is None:
+                    entries = by_state[name] = {}
+                entries[key] = table[key]
+        payload = {
+            "max_parallelism": self._max_parallelism,
+            "key_group_range": (start, end),
+            "states": dict(self._kinds),
+            "groups": groups,
+        }
+        return SNAPSHOT_MAGIC + bytes([SNAPSHOT_VERSION]) + pickle.dumps(payload, protocol=5)
+
+    @classmethod
+    def restore(
+        cls,
+        blobs: Iterable[bytes],
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+    ) -> HashMapKeyedStateBackend:
+        """A backend for ``key_group_range`` holding the state of those key groups in ``blobs``.
+
+        ``blobs`` are the snapshots of every subtask of the operator (any old parallelism):
+
+        1. check each blob's header and decode it;
+        2. check that it was taken with the same max parallelism;
+        3. register its states (name and kind);
+        4. merge the key groups that lie in ``key_group_range``, skip the others.
+
+        Raises:
+            CorruptSnapshotError: a wrong magic, version or structure, a key group outside the
+                blob's own range, or one key group in two blobs.
+            ConfigurationError: a blob taken with another max parallelism, or
+                ``key_group_range`` outside ``[0, max_parallelism)``.
+        """
+        backend = cls(max_parallelism, key_group_range)
+        start, end = key_group_range.start, key_group_range.end
+        owner: dict[int, int] = {}  # key group -> index of the blob it came from
+        for index, blob in enumerate(blobs):
+            # Step 1: header and structure.
+            payload = _decode_snapshot(blob, index)
+            # Step 2: max parallelism.
+            if payload["max_parallelism"] != backend._max_parallelism:
+                raise ConfigurationError(
+                    f"snapshot {index} was taken with max_parallelism "
+                    f"{payload['max_parallelism']}; it cannot be restored with max_parallelism "
+                    f"{backend._max_parallelism} (every key would change key group)"
+                )
+            # Step 3: states.
+            states: dict[str, StateKind] = payload["states"]
+            for name, kind in states.items():
+                try:
+                    backend._register(name, kind)
+                except ConfigurationError as err:
+                    raise CorruptSnapshotError(f"snapshot {index}: {err}") from err
+            # Step 4: the key groups of the new range.
+            blob_start, blob_end = payload["key_group_range"]
+            for key_group, by_state in payload["groups"].items():
+                if not blob_start <= key_group <= blob_end:
+                    raise CorruptSnapshotError(
+                        f"snapshot {index} of key group range [{blob_start}, {blob_end}] "
+                        f"holds key group {key_group}"
+                    )
+                if not start <= key_group <= end:
+                    continue
+                if key_group in owner:
+                    raise CorruptSnapshotError(
+                        f"key group {key_group} is in snapshots {owner[key_group]} and {index}; "
+                        "the snapshots of one checkpoint have disjoint key group ranges"
+                    )
+                owner[key_group] = index
+                for name, entries in by_state.items():
+                    if name not in states or not isinstance(entries, dict):
+                        raise CorruptSnapshotError(
+                            f"snapshot {index}: key group {key_group} holds undeclared or "
+                            f"malformed state {name!r}"
+                        )
+                    backend._tables[name].update(entries)
+        return backend
+
+
+def _decode_snapshot(blob: bytes, index: int) -> dict[str, Any]:
+    """Check a snapshot's header and structure and return its payload."""
+    data = bytes(blob)
+    if len(data) < _HEADER_LEN or data[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC:
+        raise CorruptSnapshotError(
+            f"snapshot {index} is not a hashmap state snapshot: it starts with "
+            f"{data[:_HEADER_LEN]!r}, expected magic {SNAPSHOT_MAGIC!r}"
+        )
+    version = data[len(SNAPSHOT_MAGIC)]
+    if version != SNAPSHOT_VERSION:
+        raise CorruptSnapshotError(
+            f"snapshot {index} has format version {version}; this version of Sparkpoint "
+            f"reads version {SNAPSHOT_VERSION}"
+        )
+    try:
+        payload = pickle.loads(data[_HEADER_LEN:])
+    except Exception as err:  # a damaged pickle can raise almost anything
+        raise CorruptSnapshotError(
+            f"snapshot {index} cannot be decoded ({len(data)} bytes): {err!r}"
+        ) from err
+    problem = _structure_problem(payload)
+    if problem:
+        raise CorruptSnapshotError(f"snapshot {index} is malformed: {problem}")
+    return payload
+
+
+def _structure_problem(payload: Any) -> str | None:
+    if not isinstance(payload, dict):
+        return f"payload is a {type(payload).__name__}, expected a dict"
+    missing = {"max_parallelism", "key_group_range", "states", "groups"} - set(payload)
+    if missing:
+        return f"missing {', '.join(sorted(missing))}"
+    if not isinstance(payload["max_parallelism"], int):
+        return "max_parallelism is not an int"
+    kg_range = payload["key_group_range"]
+    if not (
+        isinstance(kg_range, tuple)
+        and len(kg_range) == 2
+        and all(isinstance(v, int) for v in kg_range)
+    ):
+        return f"key_group_range {kg_range!r} is not a (start, end) pair"
+    states = payload["states"]
+    if not isinstance(states, dict) or not all(
+        isinstance(name, str) and kind in _KINDS for name, kind in states.items()
+    ):
+        return "states is not a mapping of name to value/list/map"
+    groups = payload["groups"]
+    if not isinstance(groups, dict) or not all(
+        isinstance(kg, int) and isinstance(by_state, dict) for kg, by_state in groups.items()
+    ):
+        return "groups is not a mapping of key group to states"
+    return None
+
+
+def _key_groups_of_distinct(keys: list[Any], max_parallelism: int) -> list[int]:
+    """Key groups of distinct keys: vectorized for ints; one hash per key otherwise, since
+    sorting distinct values (what ``key_groups_of`` does to deduplicate) gains nothing."""
+    if set(map(type, keys)) <= {int, bool}:
+        array = np.fromiter(keys, dtype=object, count=len(keys))
+        return key_groups_of(array, max_parallelism).tolist()
+    return [stable_hash(key) % max_parallelism for key in keys]
+
+
+def _sizeof(value: Any) -> int:
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in value.items())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        size += sum(sys.getsizeof(item) for item in value)
+    return size
+
+
+# ----------------------------------------------------------------------------- state objects
+
+
+class _HashMapState:
+    __slots__ = ("_backend", "_name", "_table")
+
+    def __init__(self, backend: HashMapKeyedStateBackend, name: str, table: dict[Any, Any]):
+        self._backend = backend
+        self._name = name
+        self._table = table
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._name!r})"
+
+    def clear(self) -> None:
+        self._table.pop(self._backend._key(self._name), None)
+
+
+class _HashMapValueState(_HashMapState, ValueState):
+    __slots__ = ("_descriptor",)
+
+    def __init__(
+        self,
+        backend: HashMapKeyedStateBackend,
+        descriptor: ValueStateDescriptor,
+        table: dict[Any, Any],
+    ) -> None:
+        super().__init__(backend, descriptor.name, table)
+        self._descriptor = descriptor
+
+    def value(self) -> Any:
+        value = self._table.get(self._backend._key(self._name), _MISSING)
+        return self._descriptor.default_value() if value is _MISSING else value
+
+    def update(self, value: Any) -> None:
+        key = self._backend._key(self._name)
+        if value is None:
+            self._table.pop(key, None)
+        else:
+            self._table[key] = value
+
+
+class _HashMapListState(_HashMapState, ListState):
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        return list(self._table.get(self._backend._key(self._name), ()))
+
+    def add(self, value: Any) -> None:
+        key = self._backend._key(self._name)
+        values = self._table.get(key)
+        if values is None:
+            self._table[key] = [value]
+        else:
+            values.append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        key = self._backend._key(self._name)
+        new = list(values)
+        if not new:
+            return
+        current = self._table.get(key)
+        if current is None:
+            self._table[key] = new
+        else:
+            current.extend(new)
+
+    def update(self, values: Iterable[Any]) -> None:
+        key = self._backend._key(self._name)
+        new = list(values)
+        if new:
+            self._table[key] = new
+        else:
+            self._table.pop(key, None)
+
+
+class _HashMapMapState(_HashMapState, MapState):
+    __slots__ = ()
+
+    def _map(self) -> dict[Any, Any] | None:
+        return self._table.get(self._backend._key(self._name))
+
+    def get(self, key: Any) -> Any:
+        entries = self._map()
+        return None if entries is None else entries.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        current = self._backend._key(self._name)
+        entries = self._table.get(current)
+        if entries is None:
+            self._table[current] = {key: value}
+        else:
+            entries[key] = value
+
+    def put_all(self, entries: Mapping[Any, Any]) -> None:
+        current = self._backend._key(self._name)
+        if not entries:
+            return
+        existing = self._table.get(current)
+        if existing is None:
+            self._table[current] = dict(entries)
+        else:
+            existing.update(entries)
+
+    def contains(self, key: Any) -> bool:
+        entries = self._map()
+        return entries is not None and key in entries
+
+    def remove(self, key: Any) -> None:
+        current = self._backend._key(self._name)
+        entries = self._table.get(current)
+        if entries is None:
+            return
+        entries.pop(key, None)
+        if not entries:  # as Flink's heap backend: an empty map is no state
+            del self._table[current]
+
+    def keys(self) -> list[Any]:
+        return list(self._map() or ())
+
+    def values(self) -> list[Any]:
+        entries = self._map()
+        return [] if entries is None else list(entries.values())
+
+    def items(self) -> list[tuple[Any, Any]]:
+        entries = self._map()
+        return [] if entries is None else list(entries.items())
+
+    def is_empty(self) -> bool:
+        return not self._map()

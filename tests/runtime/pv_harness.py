@@ -1,0 +1,69 @@
+"""Builds and runs the example PV job in-process for the runtime tests."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from examples import pv_count
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.connectors.sources import GeneratorSource
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import JobOptions
+from sparkpoint.protocol import CheckpointingMode
+from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.testing import FailureInjection
+
+EVENTS = 12_000
+APPS = 7
+EPOCH_RECORDS = 1_000  # per split: 6 epochs, a checkpoint in each
+
+
+def run_pv(spark: Any, base: Path, name: str, *, mode: str = "exactly_once",
+           failure: FailureInjection | None = None, emit: str = "every",
+           storage: str = "filesystem", events: int = EVENTS, parallelism: int = 2,
+           interval_ms: int = 1, splits: int = 2) -> tuple[JobResult, str]:
+    """Run the PV job; returns its result and output directory."""
+    out = str(base / name / "out")
+    options = JobOptions(
+        job_id=f"pv-{name}",
+        checkpoint=CheckpointConfig(mode=CheckpointingMode(mode), interval_ms=interval_ms),
+        checkpoint_dir=f"file://{base / name / 'chk'}",
+        checkpoint_storage=storage,
+        local_dir=str(base / name / "local"),
+        parallelism=parallelism,
+        max_epoch_records=EPOCH_RECORDS,
+        min_epoch_records=EPOCH_RECORDS,
+        restart_strategy={"restart-strategy.type": "fixed-delay",
+                          "restart-strategy.fixed-delay.attempts": "2",
+                          "restart-strategy.fixed-delay.delay": "0 ms"},
+    )
+    env = StreamExecutionEnvironment(options)
+    pv_count.build(env, ["--events", str(events), "--apps", str(APPS), "--rate", "0",
+                         "--splits", str(splits), "--emit", emit, "--output", out])
+    env.graph.name = "pv-count"
+    result = JobDriver(env.graph, options, spark=spark, failure=failure).run()
+    return result, out
+
+
+def true_counts(events: int = EVENTS) -> dict[str, int]:
+    """How many events each app really has, read straight from the source."""
+    src = GeneratorSource(events=events, apps=APPS, rate=0)
+    ids = np.concatenate([src.read(i, 0, src.total(i) or 0).column("app_id") for i in range(2)])
+    uniq, counts = np.unique(ids, return_counts=True)
+    return dict(zip(uniq.tolist(), counts.tolist(), strict=True))
+
+
+def expected_every_lines(events: int = EVENTS) -> Counter[str]:
+    """With ``--emit every``: one line per event, pv 1..n for an app with n events."""
+    return Counter(
+        f'{{"app_id": "{app}", "pv": {k}}}'
+        for app, n in true_counts(events).items() for k in range(1, n + 1))
+
+
+def hidden_files(out: str) -> list[str]:
+    return sorted(n for n in os.listdir(out) if n.startswith("."))

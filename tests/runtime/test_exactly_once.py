@@ -1,0 +1,105 @@
+"""Exactly-once, proven: fail the PV job at several points, let it restore, compare output.
+
+Every run's committed output (as a multiset of lines) must equal the failure-free run's, and
+both must equal what the source implies (pv 1..n for an app with n events). At-least-once
+mode with the same failure must show duplicates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint.protocol import JobStatus
+from sparkpoint.runtime.driver import JobResult
+from sparkpoint.testing import FailureInjection, line_counts
+
+from .pv_harness import EVENTS, expected_every_lines, hidden_files, run_pv, true_counts
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def baseline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Counter[str]:
+    result, out = run_pv(spark, tmp_path_factory.mktemp("baseline"), "baseline")
+    assert result.status is JobStatus.FINISHED
+    assert result.restores == []
+    assert len(result.completed_checkpoints) >= 5
+    assert hidden_files(out) == []
+    return line_counts(out)
+
+
+def test_failure_free_run_commits_exactly_the_source(baseline: Counter[str]) -> None:
+    assert baseline == expected_every_lines()
+    assert sum(baseline.values()) == EVENTS
+
+
+def latest_completed_before_failure(result: JobResult) -> int | None:
+    """The id of the last checkpoint that completed before the first task failure."""
+    assert result.events is not None
+    latest = None
+    for env in result.events.events:
+        if env.type == "checkpoint_completed":
+            latest = env.payload["checkpoint_id"]
+        if env.type == "task_failed":
+            return latest
+    raise AssertionError("the job never failed")
+
+
+@pytest.mark.parametrize(
+    ("failure", "restores_a_checkpoint"),
+    [
+        pytest.param(FailureInjection("source", subtask=0, offset=300), False,
+                     id="before-first-checkpoint"),
+        pytest.param(FailureInjection("keyed", subtask=1, records=200, at_epoch=3), True,
+                     id="mid-epoch"),
+        pytest.param(FailureInjection("after_pre_commit", subtask=0, checkpoint_id=3), True,
+                     id="after-pre-commit-before-commit"),
+        pytest.param(FailureInjection("before_commit", checkpoint_id=3), True,
+                     id="checkpoint-completed-before-sink-commit"),
+        pytest.param(FailureInjection("alignment", subtask=1, checkpoint_id=2), True,
+                     id="during-alignment"),
+    ],
+)
+def test_exactly_once_after_failure(spark: Any, tmp_path: Path, baseline: Counter[str],
+                                    failure: FailureInjection,
+                                    restores_a_checkpoint: bool) -> None:
+    result, out = run_pv(spark, tmp_path, "failed", failure=failure)
+    assert result.status is JobStatus.FINISHED
+    restored = latest_completed_before_failure(result)
+    assert (restored is not None) is restores_a_checkpoint
+    if failure.where == "before_commit":
+        assert restored == failure.checkpoint_id  # completed, then re-committed on restore
+    elif failure.checkpoint_id:
+        assert restored == failure.checkpoint_id - 1  # that checkpoint never completed
+    assert result.restores == [restored]
+    assert result.attempt == 2
+    assert line_counts(out) == baseline
+    assert hidden_files(out) == []
+
+
+def test_at_least_once_mode_duplicates_after_the_same_failure(
+        spark: Any, tmp_path: Path, baseline: Counter[str]) -> None:
+    failure = FailureInjection("keyed", subtask=1, records=200, at_epoch=3)
+    result, out = run_pv(spark, tmp_path, "alo", mode="at_least_once", failure=failure)
+    assert result.restores == [latest_completed_before_failure(result)]
+    assert result.restores[0] is not None
+    lines = line_counts(out)
+    assert lines != baseline
+    assert sum(lines.values()) > EVENTS  # replayed records were counted twice
+    final_pv = {}
+    for line in lines:
+        app = line.split('"')[3]
+        final_pv[app] = max(final_pv.get(app, 0), int(line.rsplit(" ", 1)[1].rstrip("}")))
+    truth = true_counts()
+    assert any(final_pv[a] > truth[a] for a in truth)
+
+
+def test_at_least_once_mode_without_failure_is_exact(spark: Any, tmp_path: Path,
+                                                     baseline: Counter[str]) -> None:
+    result, out = run_pv(spark, tmp_path, "alo-ok", mode="at_least_once")
+    assert result.restores == []
+    assert line_counts(out) == baseline
