@@ -26,9 +26,15 @@ EPOCH_RECORDS = 1_000  # per split: 6 epochs, a checkpoint in each
 def run_pv(spark: Any, base: Path, name: str, *, mode: str = "exactly_once",
            failure: FailureInjection | None = None, emit: str = "every",
            storage: str = "filesystem", events: int = EVENTS, parallelism: int = 2,
-           interval_ms: int = 1, splits: int = 2) -> tuple[JobResult, str]:
+           interval_ms: int = 1, splits: int = 2, from_checkpoint: str | None = None,
+           restart: str = "fixed-delay", max_inline: int = 1 << 20,
+           out: str | None = None) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory."""
-    out = str(base / name / "out")
+    out = out or str(base / name / "out")
+    restart_conf = {"restart-strategy.type": restart}
+    if restart == "fixed-delay":
+        restart_conf |= {"restart-strategy.fixed-delay.attempts": "2",
+                         "restart-strategy.fixed-delay.delay": "0 ms"}
     options = JobOptions(
         job_id=f"pv-{name}",
         checkpoint=CheckpointConfig(mode=CheckpointingMode(mode), interval_ms=interval_ms),
@@ -38,9 +44,9 @@ def run_pv(spark: Any, base: Path, name: str, *, mode: str = "exactly_once",
         parallelism=parallelism,
         max_epoch_records=EPOCH_RECORDS,
         min_epoch_records=EPOCH_RECORDS,
-        restart_strategy={"restart-strategy.type": "fixed-delay",
-                          "restart-strategy.fixed-delay.attempts": "2",
-                          "restart-strategy.fixed-delay.delay": "0 ms"},
+        restart_strategy=restart_conf,
+        from_checkpoint=from_checkpoint,
+        max_inline_state_bytes=max_inline,
     )
     env = StreamExecutionEnvironment(options)
     pv_count.build(env, ["--events", str(events), "--apps", str(APPS), "--rate", "0",

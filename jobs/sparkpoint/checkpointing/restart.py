@@ -153,9 +153,10 @@ class FailureRateRestartStrategy(RestartStrategy):
     def on_failure(self, now_ms: int) -> RestartDecision:
         self._failures.append(now_ms)
         n, interval = len(self._failures), self.failure_rate_interval_ms
-        rate = f"{n} failures within {format_duration(interval)}"
-        if n > self.max_failures_per_interval and now_ms - self._failures[0] <= interval:
-            return RestartDecision(False, 0, f"failure-rate: {rate} exceed the maximum")
+        most = self.max_failures_per_interval
+        if n > most and now_ms - self._failures[0] <= interval:
+            rate = f"{n} failures within {format_duration(interval)} exceed {most}"
+            return RestartDecision(False, 0, f"failure-rate: {rate}")
         return RestartDecision(
             True, self.delay_ms, f"failure-rate: restart in {format_duration(self.delay_ms)}"
         )

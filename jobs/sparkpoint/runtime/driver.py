@@ -18,7 +18,10 @@ from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.coordinator import CheckpointCoordinator
 from sparkpoint.checkpointing.pending import CompletedCheckpoint, FailedCheckpoint
 from sparkpoint.checkpointing.restart import restart_strategy_from_config
-from sparkpoint.checkpointing.storage import checkpoint_storage_from_options
+from sparkpoint.checkpointing.storage import (
+    CheckpointStorage,
+    checkpoint_storage_from_options,
+)
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.errors import InjectedFailure, SparkpointError
 from sparkpoint.events import EventSink, FanOutEventSink, InMemoryEventSink, JsonLinesEventSink
@@ -26,7 +29,11 @@ from sparkpoint.graph import JobGraph
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.plan import EpochPlan, FailureInjection, StateInput, TaskReport
 from sparkpoint.runtime.planner import EpochPlanner
-from sparkpoint.runtime.recovery import RestorePoint, restore_point_from_metadata
+from sparkpoint.runtime.recovery import (
+    RestorePoint,
+    restore_point_from_metadata,
+    storage_for_checkpoint_path,
+)
 from sparkpoint.runtime.spark import EpochFailedError, SparkEpochRunner, spark_session
 
 
@@ -90,6 +97,8 @@ class JobDriver:
         self.restores: list[int | None] = []
         n_state = (graph.keyed.parallelism if graph.keyed else graph.source.parallelism)
         self.state_inputs: tuple[StateInput, ...] = tuple(StateInput() for _ in range(n_state))
+        self.initial_point: RestorePoint | None = None  # --from-checkpoint, the fallback
+        self.restore_storage: CheckpointStorage | None = None
 
     # ------------------------------------------------------------------ events
     def _publish(self, *payloads: Any) -> None:
@@ -119,6 +128,8 @@ class JobDriver:
         # Step 3
         if self.options.from_checkpoint:
             point = restore_point_from_metadata(self.storage, self.options.from_checkpoint)
+            self.restore_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
+            self.initial_point = point
             self.coordinator = CheckpointCoordinator(
                 self.job_id, self.graph.tasks(), self.options.checkpoint, self.clock,
                 attempt=point.attempt + 1, next_checkpoint_id=point.checkpoint_id + 1)
@@ -128,13 +139,13 @@ class JobDriver:
         try:
             while not self.finished:
                 self._run_one_epoch(runner)
+            # Step 5
+            self._set_status(p.JobStatus.FINISHED)
         except JobFailedError:
             self._set_status(p.JobStatus.FAILED)
             raise
         finally:
-            self.events.close() if self.options.events_log else None
-        # Step 5
-        self._set_status(p.JobStatus.FINISHED)
+            self.events.close()
         return JobResult(
             job_id=self.job_id, status=self.status, attempt=self.coordinator.attempt,
             epochs=self.epoch, records=self.records,
@@ -179,7 +190,8 @@ class JobDriver:
             epoch=self.epoch, mode=self.options.checkpoint.mode, ranges=tuple(ranges),
             barrier=barrier, state_inputs=self.state_inputs,
             committed_up_to=self.committed_up_to, storage=self.storage,
-            local_dir=self.options.local_dir, failure=self.failure)
+            local_dir=self.options.local_dir, failure=self.failure,
+            restore_storage=self.restore_storage)
         started = self.clock.monotonic_ms()
         try:
             reports = runner.run(plan)
@@ -239,8 +251,14 @@ class JobDriver:
     def _complete(self, cp: CompletedCheckpoint) -> None:
         """Completion order of DESIGN §1."""
         # Step 1: _metadata to checkpoint storage (enough to restore from the path alone).
-        cp.external_path = self.storage.write_metadata(
-            self.job_id, cp.checkpoint_id, checkpoint_metadata(self.job_id, cp))
+        try:
+            cp.external_path = self.storage.write_metadata(
+                self.job_id, cp.checkpoint_id, checkpoint_metadata(self.job_id, cp))
+        except (OSError, SparkpointError) as err:
+            failed = self.coordinator.finalize_failed(
+                cp.checkpoint_id, f"writing _metadata failed: {err}")
+            self._handle_failed([failed])
+            return
         # Step 2: record it (standalone: the coordinator's completed-checkpoint store).
         self.completed.append(cp.checkpoint_id)
         self._publish(p.CheckpointCompleted(
@@ -294,10 +312,10 @@ class JobDriver:
             time.sleep(decision.delay_ms / 1000)
         # Step 3
         failover = self.coordinator.failover(cause)
-        self._handle_failed(self.coordinator.drain_failed())
-        # Step 4
+        self._handle_failed(failover.aborted)
+        # Step 4: the latest completed checkpoint, else the one the job started from.
         cp = failover.restore_from
-        self._restore(RestorePoint.of(cp) if cp is not None else None)
+        self._restore(RestorePoint.of(cp) if cp is not None else self.initial_point)
         self._set_status(p.JobStatus.RUNNING)
 
     def _restore(self, point: RestorePoint | None) -> None:

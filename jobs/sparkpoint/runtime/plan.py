@@ -82,6 +82,7 @@ class EpochPlan:
     committed_up_to: int  # sinks drop pending transactions with checkpoint id <= this
     storage: CheckpointStorage
     local_dir: str
+    restore_storage: CheckpointStorage | None = None  # where restored handles live
     chunk_records: int = 262_144
     failure: FailureInjection | None = None
 

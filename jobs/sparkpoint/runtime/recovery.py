@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
-from sparkpoint.checkpointing.storage import CheckpointStorage
+from sparkpoint.checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
 from sparkpoint.errors import CorruptSnapshotError
 
 
@@ -48,3 +48,13 @@ def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> Restor
         return RestorePoint(int(meta["checkpoint_id"]), int(meta["attempt"]), acks, path)
     except (KeyError, TypeError, ValueError) as err:
         raise CorruptSnapshotError(f"{path}: not a valid Sparkpoint checkpoint: {err}") from err
+
+
+def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
+    """A storage rooted where a checkpoint lives (``<base>/<job-id>/chk-<n>[/_metadata]``), so
+    that its handles can be read by a job whose own checkpoint directory is elsewhere."""
+    trimmed = path.rstrip("/")
+    if trimmed.endswith("/_metadata"):
+        trimmed = trimmed[: -len("/_metadata")]
+    base = trimmed.rsplit("/", 2)[0]
+    return FileSystemCheckpointStorage(base)

@@ -161,7 +161,8 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
     state = open_working_state(plan, subtask)
     inp = plan.state_inputs[subtask]
     if inp.handles:
-        blobs = [plan.storage.read_state(h) for h in inp.handles
+        reader = plan.restore_storage or plan.storage
+        blobs = [reader.read_state(h) for h in inp.handles
                  if h.key_group_start is None or h.key_group_end is None
                  or (h.key_group_start <= kg_range.end and h.key_group_end >= kg_range.start)]
         backend = HashMapKeyedStateBackend.restore(blobs, keyed.max_parallelism, kg_range)

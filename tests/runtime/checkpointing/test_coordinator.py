@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sparkpoint.checkpointing.config import CheckpointConfig
@@ -25,7 +27,7 @@ TASKS = {"src": 1, "pv": 2}  # three subtasks: src[0], pv[0], pv[1]
 START_WALL = 1_700_000_000_000
 
 
-def make(**config: int) -> tuple[CheckpointCoordinator, ManualClock]:
+def make(**config: Any) -> tuple[CheckpointCoordinator, ManualClock]:
     clock = ManualClock(START_WALL)
     return CheckpointCoordinator(JOB, TASKS, CheckpointConfig(**config), clock), clock
 
@@ -35,16 +37,9 @@ TIMINGS = {**dict.fromkeys(ZERO_TIMINGS, 0), "sync_duration_ms": 1, "async_durat
 
 
 def ack(cid: int, op: str, subtask: int, *, size: int = 10) -> SnapshotCompleted:
-    return SnapshotCompleted(
-        **TIMINGS,
-        checkpoint_id=cid,
-        operator_id=op,
-        subtask=subtask,
-        epoch=1,
-        ack_timestamp=START_WALL,
-        state_size=size,
-        checkpointed_size=size // 2,
-    )
+    ids = {"checkpoint_id": cid, "operator_id": op, "subtask": subtask, "epoch": 1}
+    sizes = {"state_size": size, "checkpointed_size": size // 2, "ack_timestamp": START_WALL}
+    return SnapshotCompleted.model_validate({**ids, **sizes, **TIMINGS})
 
 
 def ack_all(coord: CheckpointCoordinator, cid: int, attempt: int = 1) -> AckResult:

@@ -65,6 +65,12 @@ def test_failure_rate_fails_when_one_more_than_allowed_falls_in_the_interval() -
     assert decisions(strategy, [0, 10_000, 20_000]) == [(True, 1_000), (True, 1_000), (False, 0)]
 
 
+def test_failure_rate_messages() -> None:
+    strategy = FailureRateRestartStrategy(1, 60_000, 2_000)
+    assert strategy.on_failure(0).message == "failure-rate: restart in 2 s"
+    assert strategy.on_failure(60_000).message == "failure-rate: 2 failures within 1 min exceed 1"
+
+
 def test_failure_rate_window_slides() -> None:
     strategy = FailureRateRestartStrategy(2, 60_000, 5_000)
     assert decisions(strategy, [0, 30_000, 61_000, 70_000]) == [

@@ -1,16 +1,24 @@
-"""Tests of the CompletedCheckpointStore: retention, savepoints, pins."""
+"""Tests of the CompletedCheckpointStore (retention, savepoints, pins) and its records."""
 
 from __future__ import annotations
 
 import pytest
 
-from sparkpoint.checkpointing.pending import CompletedCheckpoint
+from sparkpoint.checkpointing.pending import (
+    CompletedCheckpoint,
+    PendingCheckpoint,
+    format_subtasks,
+)
 from sparkpoint.checkpointing.store import CompletedCheckpointStore
 from sparkpoint.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
-from sparkpoint.protocol import CheckpointKind
+from sparkpoint.protocol import CheckpointKind, SinkTransactionModel, SnapshotCompleted
 
 
-def cp(cid: int, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> CompletedCheckpoint:
+def cp(
+    cid: int,
+    kind: CheckpointKind = CheckpointKind.CHECKPOINT,
+    acks: dict[tuple[str, int], SnapshotCompleted] | None = None,
+) -> CompletedCheckpoint:
     return CompletedCheckpoint(
         checkpoint_id=cid,
         kind=kind,
@@ -19,7 +27,27 @@ def cp(cid: int, kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> CompletedC
         completion_timestamp=cid * 1000 + 10,
         end_to_end_duration_ms=10.0,
         is_final=False,
-        acks={},
+        acks=acks or {},
+    )
+
+
+def ack(op: str, subtask: int, **extra: object) -> SnapshotCompleted:
+    return SnapshotCompleted.model_validate(
+        {
+            "checkpoint_id": 1,
+            "operator_id": op,
+            "subtask": subtask,
+            "epoch": 1,
+            "ack_timestamp": 0,
+            "start_delay_ms": 0,
+            "alignment_duration_ms": 0,
+            "alignment_buffered_bytes": 0,
+            "sync_duration_ms": 0,
+            "async_duration_ms": 0,
+            "state_size": 8,
+            "checkpointed_size": 4,
+            **extra,
+        }
     )
 
 
@@ -126,3 +154,55 @@ def test_remove_refuses_a_pinned_checkpoint_and_an_unknown_one() -> None:
 def test_retained_below_one_is_refused() -> None:
     with pytest.raises(ConfigurationError):
         CompletedCheckpointStore(retained=0)
+
+
+def test_completed_checkpoint_merges_positions_and_lists_sink_transactions() -> None:
+    txn = SinkTransactionModel(transaction_id="t-1", parts=["p0"], records=3)
+    acks = {
+        ("src", 1): ack("src", 1, source_positions={"split-1": 7}),
+        ("src", 0): ack("src", 0, source_positions={"split-0": 10}),
+        ("sink", 0): ack("sink", 0, sink_transactions=[txn.model_dump()]),
+    }
+    done = cp(1, acks=acks)
+    assert done.source_positions() == {"split-0": 10, "split-1": 7}
+    assert done.sink_transactions() == {("sink", 0): [txn]}
+    assert (done.state_size, done.checkpointed_size) == (24, 12)
+    done.external_path = "file:///chk/job-1/chk-1"
+    store = CompletedCheckpointStore(retained=1)
+    store.add(done)
+    assert store.get(1) is done and done.external_path == "file:///chk/job-1/chk-1"
+
+
+def test_conflicting_source_positions_name_both_subtasks() -> None:
+    acks = {
+        ("src", 0): ack("src", 0, source_positions={"split-0": 10}),
+        ("src", 1): ack("src", 1, source_positions={"split-0": 12}),
+    }
+    with pytest.raises(CheckpointError) as err:
+        cp(3, acks=acks).source_positions()
+    assert str(err.value) == "checkpoint 3: split 'split-0' is at 10 in src[0] but at 12 in src[1]"
+
+
+def test_pending_checkpoint_finalizes_only_when_complete_and_clamps_its_duration() -> None:
+    pending = PendingCheckpoint(
+        checkpoint_id=1,
+        kind=CheckpointKind.CHECKPOINT,
+        attempt=1,
+        trigger_timestamp=0,
+        trigger_monotonic_ms=50.0,
+        timeout_ms=1_000,
+        expected=frozenset({("src", 0), ("pv", 0)}),
+    )
+    pending.acknowledge_task(ack("src", 0))
+    with pytest.raises(CheckpointError, match="checkpoint 1 cannot complete: missing pv\\[0\\]"):
+        pending.finalize(completion_timestamp=10, now_monotonic_ms=60.0)
+    pending.acknowledge_task(ack("pv", 0))
+    assert (
+        pending.finalize(completion_timestamp=10, now_monotonic_ms=40.0).end_to_end_duration_ms == 0
+    )
+
+
+def test_format_subtasks_names_ten_then_counts_the_rest() -> None:
+    keys = [("pv", i) for i in range(12)]
+    assert format_subtasks(keys[:2]) == "pv[0], pv[1]"
+    assert format_subtasks(keys).endswith("pv[8], pv[9] and 2 more")
