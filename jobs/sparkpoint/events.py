@@ -20,7 +20,7 @@ class EventSink(abc.ABC):
     @abc.abstractmethod
     def publish(self, events: Sequence[p.Envelope]) -> None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release resources."""
 
 

@@ -35,7 +35,8 @@ class JobOptions:
     master: str = "local[*]"
     fail_after: int | None = None
     from_checkpoint: str | None = None
-    local_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint"))
+    local_dir: str = field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint"))
     epoch_target_ms: float = 1000.0
     max_epoch_records: int = 4_000_000
     min_epoch_records: int = 1_000
@@ -46,7 +47,7 @@ class JobOptions:
 def _seconds_to_ms(flag: str, value: float) -> int:
     if value < 0:
         raise ConfigurationError(f"{flag} must be >= 0 seconds, got {value}")
-    return int(round(value * 1000))
+    return round(value * 1000)
 
 
 def _parser() -> argparse.ArgumentParser:

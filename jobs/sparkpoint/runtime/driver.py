@@ -79,8 +79,9 @@ class JobDriver:
             options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes)
         self.coordinator = CheckpointCoordinator(
             self.job_id, graph.tasks(), options.checkpoint, self.clock)
+        restart_conf: dict[str, str | int | float] = dict(options.restart_strategy)
         self.restart = restart_strategy_from_config(
-            options.restart_strategy, checkpointing_enabled=options.checkpoint.interval_ms > 0)
+            restart_conf, checkpointing_enabled=options.checkpoint.interval_ms > 0)
         self.planner = EpochPlanner(
             graph.source.source, self.clock, target_ms=options.epoch_target_ms,
             min_records=options.min_epoch_records, max_records=options.max_epoch_records)

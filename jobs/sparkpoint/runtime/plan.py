@@ -88,7 +88,9 @@ class EpochPlan:
 
     def injects(self, where: str, subtask: int) -> FailureInjection | None:
         f = self.failure
-        if f is not None and f.where == where and f.subtask == subtask and f.attempt == self.attempt:
+        if f is None or f.attempt != self.attempt:
+            return None
+        if f.where == where and f.subtask == subtask:
             return f
         return None
 

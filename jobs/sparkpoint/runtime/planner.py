@@ -45,7 +45,7 @@ class EpochPlanner:
     def lag(self) -> int:
         """Records that exist but were not read yet (bounded sources: all unread ones)."""
         elapsed = (self.clock.monotonic_ms() - self._started) / 1000
-        lag = 0
+        lag = 0.0
         for i, pos in enumerate(self.positions):
             avail = self._available(i, elapsed)
             lag += max(0, avail - pos) if avail != math.inf else 0
@@ -63,14 +63,11 @@ class EpochPlanner:
             elapsed = (self.clock.monotonic_ms() - self._started) / 1000
             ranges = []
             for i, pos in enumerate(self.positions):
-                end = min(self._available(i, elapsed), pos + self.per_split)
-                ranges.append(SplitRange(i, self.split_ids[i], pos, max(pos, int(end))))
-            if any(r.records for r in ranges) or self.exhausted() or self._all_unavailable_forever():
+                end = int(min(self._available(i, elapsed), pos + self.per_split))
+                ranges.append(SplitRange(i, self.split_ids[i], pos, max(pos, end)))
+            if any(r.records for r in ranges) or self.exhausted():
                 return ranges
             self._sleep(min(self.target_ms, 100) / 1000)
-
-    def _all_unavailable_forever(self) -> bool:
-        return all(self.source.available(i, 1e12) == 0 for i in range(len(self.split_ids)))
 
     def will_exhaust(self, ranges: list[SplitRange]) -> bool:
         """True when reading ``ranges`` reaches the end of every (bounded) split."""

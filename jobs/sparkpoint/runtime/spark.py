@@ -69,6 +69,8 @@ def _task_info() -> TaskInfo:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("Sparkpoint tasks run inside Spark tasks only")
     return TaskInfo(partition=ctx.partitionId(), task_attempt=ctx.taskAttemptId())
 
 

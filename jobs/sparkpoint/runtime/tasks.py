@@ -45,7 +45,8 @@ class TaskInfo:
 def _sink_tail(graph: JobGraph, plan: EpochPlan, uid: str, subtask: int, info: TaskInfo,
                state: Any) -> Any:
     assert graph.sink is not None and graph.sink_uid is not None
-    ctx = WriterContext(plan.job_id, graph.sink_uid, subtask, plan.attempt, plan.epoch, info.task_attempt)
+    ctx = WriterContext(plan.job_id, graph.sink_uid, subtask, plan.attempt, plan.epoch,
+                        info.task_attempt)
     return graph.sink.writer(ctx, state.open_txn)
 
 
@@ -212,7 +213,7 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
             elif isinstance(out, Aborted):
                 continue
             else:
-                process(out.element)
+                process(out.element)  # type: ignore[arg-type]
         if (fail_alignment is not None and handler.pending_checkpoint_id is not None
                 and handler.pending_checkpoint_id == fail_alignment.checkpoint_id):
             raise InjectedFailure(

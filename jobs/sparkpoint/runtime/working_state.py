@@ -10,6 +10,7 @@ job recovers from its latest checkpoint (state, source positions and sink transa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -77,7 +78,5 @@ def prune(directory: str, keep: set[str]) -> None:
         return
     for name in names:
         if name not in keep:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
