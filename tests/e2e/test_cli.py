@@ -1,0 +1,61 @@
+"""`sparkpoint run` end to end: a separate process, a failure, recovery, committed output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.testing import line_counts
+
+from ..runtime.pv_harness import expected_every_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.spark
+
+
+def _sparkpoint(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("sparkpoint")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    return subprocess.run([str(exe), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_run_with_fail_after_recovers_and_commits_exactly_once(tmp_path: Path) -> None:
+    out, events = tmp_path / "out", tmp_path / "events.jsonl"
+    proc = _sparkpoint(
+        "run", "jobs/examples/pv_count.py", "--standalone",
+        "--checkpoint-dir", f"file://{tmp_path / 'chk'}", "--checkpoint-interval", "0.2",
+        "--max-epoch-records", "1000", "--local-dir", str(tmp_path / "local"),
+        "--restart-delay", "0", "--events-log", str(events),
+        "--events", "12000", "--apps", "7", "--rate", "0", "--fail-after", "2500",
+        "--output", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FINISHED" in proc.stdout and "1 restores" in proc.stdout
+    assert line_counts(str(out)) == expected_every_lines()
+    types = [json.loads(line)["type"] for line in events.read_text().splitlines()]
+    for kind in ("job_registered", "checkpoint_triggered", "barrier_injected", "barrier_received",
+                 "alignment_completed", "snapshot_completed", "sink_pre_committed",
+                 "checkpoint_completed", "sink_committed", "task_failed", "job_restored",
+                 "heartbeat", "job_status"):
+        assert kind in types, kind
+    statuses = [json.loads(line)["payload"]["status"] for line in events.read_text().splitlines()
+                if json.loads(line)["type"] == "job_status"]
+    assert statuses == ["RUNNING", "RESTARTING", "RUNNING", "FINISHED"]
+
+
+def test_invalid_option_exits_2_naming_it(tmp_path: Path) -> None:
+    proc = _sparkpoint("run", "jobs/examples/pv_count.py", "--standalone",
+                       "--checkpoint-interval", "-1", "--output", str(tmp_path))
+    assert proc.returncode == 2
+    assert "--checkpoint-interval must be >= 0 seconds, got -1.0" in proc.stderr
+
+
+def test_missing_job_file_exits_2(tmp_path: Path) -> None:
+    proc = _sparkpoint("run", str(tmp_path / "nope.py"))
+    assert proc.returncode == 2
+    assert "no such job file" in proc.stderr

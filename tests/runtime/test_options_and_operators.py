@@ -1,0 +1,80 @@
+"""Job options, the graph builder's checks, and the vectorized count against a plain loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from sparkpoint.connectors.sinks import FileSink
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.functions import CountOperator
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import parse_job_options
+from sparkpoint.protocol import CheckpointingMode
+from sparkpoint.records import Batch
+from sparkpoint.state.hashmap import HashMapKeyedStateBackend
+from sparkpoint.state.key_groups import key_group_range
+from sparkpoint.testing import ListSource
+
+
+def test_product_options_and_job_arguments_are_split() -> None:
+    opts, rest = parse_job_options([
+        "--standalone", "--checkpoint-interval", "1.5", "--events", "10",
+        "--mode", "at_least_once", "--checkpoint-dir", "file:///tmp/c", "--output", "o"])
+    assert rest == ["--events", "10", "--output", "o"]
+    assert opts.checkpoint.interval_ms == 1500
+    assert opts.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE
+    assert opts.checkpoint_storage == "filesystem"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--checkpoint-interval", "-1"], "--checkpoint-interval must be >= 0 seconds"),
+        (["--parallelism", "0"], "--parallelism must be between 1 and --max-parallelism (128)"),
+        (["--fail-after", "-3"], "--fail-after must be >= 0 records"),
+        (["--checkpoint-storage", "filesystem"], "needs --checkpoint-dir URL"),
+        (["--mode", "sometimes"], "invalid option"),
+        (["--retained", "0"], "retained must be >= 1"),
+    ],
+)
+def test_invalid_options_name_the_option(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        parse_job_options(["--standalone", *argv])
+    assert message in str(err.value)
+
+
+def test_graph_checks_uids_and_shape(tmp_path: object) -> None:
+    opts, _ = parse_job_options(["--standalone"])
+    env = StreamExecutionEnvironment(opts)
+    stream = env.from_source(ListSource((1, 2)), uid="src")
+    with pytest.raises(ConfigurationError, match="uid 'src' is used twice"):
+        stream.map(lambda x: x, uid="src")
+    keyed = stream.map(lambda x: {"k": x}, uid="m").key_by("k").count(uid="c")
+    with pytest.raises(ConfigurationError, match="one key_by"):
+        keyed.key_by("k")
+    with pytest.raises(ConfigurationError, match="has no sink"):
+        env.execute("no-sink")
+    keyed.sink_to(FileSink(str(tmp_path)), uid="out")
+    names = [v.name for v in env.graph.vertices()]
+    assert names == ["src -> m", "c -> out"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorized_running_count_equals_a_plain_loop(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    op = CountOperator("c", "k", output="n", emit="every")
+    backend = HashMapKeyedStateBackend(128, key_group_range(0, 1, 128))
+    op.open(backend)
+    seen: Counter[str] = Counter()
+    for _ in range(3):
+        keys = rng.choice(["x", "y", "z", "w"], size=int(rng.integers(0, 50)))
+        out = op.process(Batch.of_columns(k=keys), backend)
+        expected = []
+        for k in keys.tolist():
+            seen[k] += 1
+            expected.append({"k": k, "n": seen[k]})
+        assert out.rows == expected
+    assert backend.table("count") == dict(seen)
