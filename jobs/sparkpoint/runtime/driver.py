@@ -120,6 +120,7 @@ class JobDriver:
         # Step 1
         session = self._spark or spark_session(self.options.master, self.graph.name)
         runner = SparkEpochRunner(self.graph, session)
+        runner.warm_up()
         # Step 2
         self._publish(p.JobRegistered(
             job_name=self.graph.name, vertices=self.graph.vertices(), edges=self.graph.edges(),
@@ -136,6 +137,7 @@ class JobDriver:
                 attempt=point.attempt + 1, next_checkpoint_id=point.checkpoint_id + 1)
             self._restore(point)
         self._set_status(p.JobStatus.RUNNING)
+        self.planner.start()
         # Step 4
         try:
             while not self.finished:
@@ -223,7 +225,9 @@ class JobDriver:
         records = sum(r.records for r in plan.ranges)
         self.records += records
         self.planner.observe(records, duration_ms)
-        # Step 3: the tasks' events, then the acknowledgements.
+        # Step 3: the tasks' events, then the acknowledgements (after expiring any checkpoint
+        # whose timeout passed while the epoch ran: its acknowledgements arrive too late).
+        self._handle_failed(self.coordinator.expire_overdue())
         ordered = sorted(by_task.values(), key=lambda r: (r.operator_id != self.graph.source.uid,
                                                           r.operator_id, r.subtask))
         self._publish(*(ev for r in ordered for ev in r.events))

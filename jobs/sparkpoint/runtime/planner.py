@@ -32,6 +32,11 @@ class EpochPlanner:
         self.per_split = max(min_records, min(max_records, 100_000))
         self._sleep = sleep
         self._started = clock.monotonic_ms()
+        self._observed = 0
+
+    def start(self) -> None:
+        """Start pacing now (``--rate`` counts from the first epoch, not from start-up)."""
+        self._started = self.clock.monotonic_ms()
 
     @property
     def bounded(self) -> bool:
@@ -93,8 +98,9 @@ class EpochPlanner:
 
     def observe(self, records: int, duration_ms: float) -> None:
         """Resize epochs so that the next one takes about the target duration."""
-        if records <= 0 or duration_ms <= 0:
-            return
+        self._observed += 1
+        if records <= 0 or duration_ms <= 0 or self._observed == 1:
+            return  # the first epoch's rate is mostly Python workers starting up
         per_split = records / duration_ms * self.target_ms / len(self.split_ids)
         grown = min(per_split, self.per_split * 4)  # grow gradually, shrink at once
         self.per_split = int(max(self.min_records, min(self.max_records, grown)))

@@ -74,6 +74,12 @@ def _task_info() -> TaskInfo:
     return TaskInfo(partition=ctx.partitionId(), task_attempt=ctx.taskAttemptId())
 
 
+def _import_runtime(_: int) -> int:
+    import sparkpoint.runtime.tasks  # noqa: F401
+
+    return 0
+
+
 def _identity(key: int) -> int:
     return key
 
@@ -100,6 +106,13 @@ class SparkEpochRunner:
         self.graph = graph
         self.session = session
         self.sc = session.sparkContext
+
+    def warm_up(self) -> None:
+        """Start the Python workers and import the runtime there before the first epoch, so
+        that the first checkpoint's duration is not start-up time."""
+        slots = max(self.sc.defaultParallelism, self.graph.source.parallelism)
+        self.sc.setJobGroup("sparkpoint-warm-up", "start Python workers")
+        self.sc.parallelize(range(slots), slots).map(_import_runtime).collect()
 
     def run(self, plan: EpochPlan) -> list[TaskReport]:
         """Run one epoch; raises :class:`EpochFailedError` when any task failed."""

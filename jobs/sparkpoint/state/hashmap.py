@@ -7,23 +7,20 @@ dict, so a count operator can update a whole batch at once instead of record by 
 
 A snapshot groups the state by key group so that :meth:`HashMapKeyedStateBackend.restore` can
 merge the snapshots of every old subtask and keep the key groups of a new one: that is how a
-checkpoint is restored with a different parallelism. Snapshot format: ``b"SPKS"``, a version
-byte, then a pickle (protocol 5) of ``{"max_parallelism", "key_group_range": (start, end),
-"states": {name: kind}, "groups": {key_group: {name: {key: value}}}}``, empty groups omitted.
-Snapshots are unpickled on restore: read them only from checkpoint storage you trust (its
-handles carry a checksum that is verified before the bytes get here).
+checkpoint is restored with a different parallelism. Snapshots are unpickled on restore: read
+them only from checkpoint storage you trust (its handles carry a checksum that is verified
+before the bytes get here).
+
+The snapshot format lives in :mod:`sparkpoint.state.snapshot_format` and the state objects
+that :meth:`HashMapKeyedStateBackend.get_state` returns in :mod:`sparkpoint.state.hashmap_states`.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
-import pickle
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, overload
-
-import numpy as np
 
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
 from sparkpoint.state.descriptors import (
@@ -37,30 +34,23 @@ from sparkpoint.state.descriptors import (
     ValueState,
     ValueStateDescriptor,
 )
+from sparkpoint.state.hashmap_states import NO_KEY, bind_state
 from sparkpoint.state.key_groups import (
     KeyGroupOutOfRangeError,
     KeyGroupRange,
     check_max_parallelism,
-    key_groups_of,
     stable_hash,
 )
+from sparkpoint.state.snapshot_format import (
+    SNAPSHOT_MAGIC,
+    SNAPSHOT_VERSION,
+    decode_snapshot,
+    encode_snapshot,
+)
 
-SNAPSHOT_MAGIC = b"SPKS"
-SNAPSHOT_VERSION = 1
-_HEADER_LEN = len(SNAPSHOT_MAGIC) + 1
-_KINDS: frozenset[str] = frozenset({"value", "list", "map"})
+__all__ = ["SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "HashMapKeyedStateBackend"]
+
 _SIZE_SAMPLE = 256  # entries per state that state_size() measures
-
-
-class _NoKey(enum.Enum):
-    """Markers that survive pickling as the same objects (``object()`` would not)."""
-
-    NO_KEY = 0
-    MISSING = 1  # a missing value, for dict.get
-
-
-_NO_KEY = _NoKey.NO_KEY
-_MISSING = _NoKey.MISSING
 
 
 class HashMapKeyedStateBackend:
@@ -88,7 +78,7 @@ class HashMapKeyedStateBackend:
         self._key_group_range = key_group_range
         self._kinds: dict[str, StateKind] = {}
         self._tables: dict[str, dict[Any, Any]] = {}
-        self._current_key: Any = _NO_KEY
+        self._current_key: Any = NO_KEY
         self._current_key_group = -1
 
     def __repr__(self) -> str:
@@ -137,14 +127,14 @@ class HashMapKeyedStateBackend:
     @property
     def current_key(self) -> Any:
         """The current key; raises :class:`NoCurrentKeyError` when none was set."""
-        if self._current_key is _NO_KEY:
+        if self._current_key is NO_KEY:
             raise NoCurrentKeyError("no current key: call set_current_key(key) first")
         return self._current_key
 
     @property
     def current_key_group(self) -> int:
         """The key group of the current key."""
-        if self._current_key is _NO_KEY:
+        if self._current_key is NO_KEY:
             raise NoCurrentKeyError("no current key: call set_current_key(key) first")
         return self._current_key_group
 
@@ -169,13 +159,7 @@ class HashMapKeyedStateBackend:
             ConfigurationError: when a state of that name exists with another kind.
         """
         table = self._register(descriptor.name, descriptor.kind)
-        if isinstance(descriptor, ValueStateDescriptor):
-            return _HashMapValueState(self, descriptor, table)
-        if isinstance(descriptor, ListStateDescriptor):
-            return _HashMapListState(self, descriptor.name, table)
-        if isinstance(descriptor, MapStateDescriptor):
-            return _HashMapMapState(self, descriptor.name, table)
-        raise ConfigurationError(f"unsupported state descriptor {type(descriptor).__name__}")
+        return bind_state(self, descriptor, table)
 
     def table(self, name: str) -> dict[Any, Any]:
         """The raw dict (key -> value) of state ``name``, for vectorized operators.
@@ -208,7 +192,7 @@ class HashMapKeyedStateBackend:
 
     def _key(self, name: str) -> Any:
         key = self._current_key
-        if key is _NO_KEY:
+        if key is NO_KEY:
             raise NoCurrentKeyError(
                 f"keyed state {name!r} was accessed with no current key: keyed state is only "
                 "available in a keyed operator, after set_current_key(key)"
@@ -248,35 +232,9 @@ class HashMapKeyedStateBackend:
         Raises:
             KeyGroupOutOfRangeError: when a raw table holds a key of another key group range.
         """
-        groups: dict[int, dict[str, dict[Any, Any]]] = {}
-        start, end = self._key_group_range.start, self._key_group_range.end
-        for name, table in self._tables.items():
-            if not table:
-                continue
-            keys = list(table)
-            key_groups = _key_groups_of_distinct(keys, self._max_parallelism)
-            if min(key_groups) < start or max(key_groups) > end:
-                index = next(i for i, kg in enumerate(key_groups) if not start <= kg <= end)
-                raise KeyGroupOutOfRangeError(
-                    f"keyed state {name!r} holds key {keys[index]!r} of key group "
-                    f"{key_groups[index]}, outside the key group range {self._key_group_range} "
-                    f"of this state backend (max_parallelism {self._max_parallelism})"
-                )
-            for key, key_group in zip(keys, key_groups, strict=True):
-                by_state = groups.get(key_group)
-                if by_state is None:
-                    by_state = groups[key_group] = {}
-                entries = by_state.get(name)
-                if entries is None:
-                    entries = by_state[name] = {}
-                entries[key] = table[key]
-        payload = {
-            "max_parallelism": self._max_parallelism,
-            "key_group_range": (start, end),
-            "states": dict(self._kinds),
-            "groups": groups,
-        }
-        return SNAPSHOT_MAGIC + bytes([SNAPSHOT_VERSION]) + pickle.dumps(payload, protocol=5)
+        return encode_snapshot(
+            self._tables, self._kinds, self._max_parallelism, self._key_group_range
+        )
 
     @classmethod
     def restore(
@@ -305,7 +263,7 @@ class HashMapKeyedStateBackend:
         owner: dict[int, int] = {}  # key group -> index of the blob it came from
         for index, blob in enumerate(blobs):
             # Step 1: header and structure.
-            payload = _decode_snapshot(blob, index)
+            payload = decode_snapshot(blob, index)
             # Step 2: max parallelism.
             if payload["max_parallelism"] != backend._max_parallelism:
                 raise ConfigurationError(
@@ -346,69 +304,6 @@ class HashMapKeyedStateBackend:
         return backend
 
 
-def _decode_snapshot(blob: bytes, index: int) -> dict[str, Any]:
-    """Check a snapshot's header and structure and return its payload."""
-    data = bytes(blob)
-    if len(data) < _HEADER_LEN or data[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC:
-        raise CorruptSnapshotError(
-            f"snapshot {index} is not a hashmap state snapshot: it starts with "
-            f"{data[:_HEADER_LEN]!r}, expected magic {SNAPSHOT_MAGIC!r}"
-        )
-    version = data[len(SNAPSHOT_MAGIC)]
-    if version != SNAPSHOT_VERSION:
-        raise CorruptSnapshotError(
-            f"snapshot {index} has format version {version}; this version of Sparkpoint "
-            f"reads version {SNAPSHOT_VERSION}"
-        )
-    try:
-        payload = pickle.loads(data[_HEADER_LEN:])
-    except Exception as err:  # a damaged pickle can raise almost anything
-        raise CorruptSnapshotError(
-            f"snapshot {index} cannot be decoded ({len(data)} bytes): {err!r}"
-        ) from err
-    problem = _structure_problem(payload)
-    if problem:
-        raise CorruptSnapshotError(f"snapshot {index} is malformed: {problem}")
-    return payload
-
-
-def _structure_problem(payload: Any) -> str | None:
-    if not isinstance(payload, dict):
-        return f"payload is a {type(payload).__name__}, expected a dict"
-    missing = {"max_parallelism", "key_group_range", "states", "groups"} - set(payload)
-    if missing:
-        return f"missing {', '.join(sorted(missing))}"
-    if not isinstance(payload["max_parallelism"], int):
-        return "max_parallelism is not an int"
-    kg_range = payload["key_group_range"]
-    if not (
-        isinstance(kg_range, tuple)
-        and len(kg_range) == 2
-        and all(isinstance(v, int) for v in kg_range)
-    ):
-        return f"key_group_range {kg_range!r} is not a (start, end) pair"
-    states = payload["states"]
-    if not isinstance(states, dict) or not all(
-        isinstance(name, str) and kind in _KINDS for name, kind in states.items()
-    ):
-        return "states is not a mapping of name to value/list/map"
-    groups = payload["groups"]
-    if not isinstance(groups, dict) or not all(
-        isinstance(kg, int) and isinstance(by_state, dict) for kg, by_state in groups.items()
-    ):
-        return "groups is not a mapping of key group to states"
-    return None
-
-
-def _key_groups_of_distinct(keys: list[Any], max_parallelism: int) -> list[int]:
-    """Key groups of distinct keys: vectorized for ints; one hash per key otherwise, since
-    sorting distinct values (what ``key_groups_of`` does to deduplicate) gains nothing."""
-    if set(map(type, keys)) <= {int, bool}:
-        array = np.fromiter(keys, dtype=object, count=len(keys))
-        return key_groups_of(array, max_parallelism).tolist()
-    return [stable_hash(key) % max_parallelism for key in keys]
-
-
 def _sizeof(value: Any) -> int:
     size = sys.getsizeof(value)
     if isinstance(value, dict):
@@ -416,135 +311,3 @@ def _sizeof(value: Any) -> int:
     elif isinstance(value, (list, tuple, set, frozenset)):
         size += sum(sys.getsizeof(item) for item in value)
     return size
-
-
-# ----------------------------------------------------------------------------- state objects
-
-
-class _HashMapState:
-    __slots__ = ("_backend", "_name", "_table")
-
-    def __init__(self, backend: HashMapKeyedStateBackend, name: str, table: dict[Any, Any]):
-        self._backend = backend
-        self._name = name
-        self._table = table
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._name!r})"
-
-    def clear(self) -> None:
-        self._table.pop(self._backend._key(self._name), None)
-
-
-class _HashMapValueState(_HashMapState, ValueState):
-    __slots__ = ("_descriptor",)
-
-    def __init__(
-        self,
-        backend: HashMapKeyedStateBackend,
-        descriptor: ValueStateDescriptor,
-        table: dict[Any, Any],
-    ) -> None:
-        super().__init__(backend, descriptor.name, table)
-        self._descriptor = descriptor
-
-    def value(self) -> Any:
-        value = self._table.get(self._backend._key(self._name), _MISSING)
-        return self._descriptor.default_value() if value is _MISSING else value
-
-    def update(self, value: Any) -> None:
-        key = self._backend._key(self._name)
-        if value is None:
-            self._table.pop(key, None)
-        else:
-            self._table[key] = value
-
-
-class _HashMapListState(_HashMapState, ListState):
-    __slots__ = ()
-
-    def get(self) -> list[Any]:
-        return list(self._table.get(self._backend._key(self._name), ()))
-
-    def add(self, value: Any) -> None:
-        key = self._backend._key(self._name)
-        values = self._table.get(key)
-        if values is None:
-            self._table[key] = [value]
-        else:
-            values.append(value)
-
-    def add_all(self, values: Iterable[Any]) -> None:
-        key = self._backend._key(self._name)
-        new = list(values)
-        if not new:
-            return
-        current = self._table.get(key)
-        if current is None:
-            self._table[key] = new
-        else:
-            current.extend(new)
-
-    def update(self, values: Iterable[Any]) -> None:
-        key = self._backend._key(self._name)
-        new = list(values)
-        if new:
-            self._table[key] = new
-        else:
-            self._table.pop(key, None)
-
-
-class _HashMapMapState(_HashMapState, MapState):
-    __slots__ = ()
-
-    def _map(self) -> dict[Any, Any] | None:
-        return self._table.get(self._backend._key(self._name))
-
-    def get(self, key: Any) -> Any:
-        entries = self._map()
-        return None if entries is None else entries.get(key)
-
-    def put(self, key: Any, value: Any) -> None:
-        current = self._backend._key(self._name)
-        entries = self._table.get(current)
-        if entries is None:
-            self._table[current] = {key: value}
-        else:
-            entries[key] = value
-
-    def put_all(self, entries: Mapping[Any, Any]) -> None:
-        current = self._backend._key(self._name)
-        if not entries:
-            return
-        existing = self._table.get(current)
-        if existing is None:
-            self._table[current] = dict(entries)
-        else:
-            existing.update(entries)
-
-    def contains(self, key: Any) -> bool:
-        entries = self._map()
-        return entries is not None and key in entries
-
-    def remove(self, key: Any) -> None:
-        current = self._backend._key(self._name)
-        entries = self._table.get(current)
-        if entries is None:
-            return
-        entries.pop(key, None)
-        if not entries:  # as Flink's heap backend: an empty map is no state
-            del self._table[current]
-
-    def keys(self) -> list[Any]:
-        return list(self._map() or ())
-
-    def values(self) -> list[Any]:
-        entries = self._map()
-        return [] if entries is None else list(entries.values())
-
-    def items(self) -> list[tuple[Any, Any]]:
-        entries = self._map()
-        return [] if entries is None else list(entries.items())
-
-    def is_empty(self) -> bool:
-        return not self._map()

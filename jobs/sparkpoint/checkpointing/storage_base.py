@@ -1,0 +1,234 @@
+"""The checkpoint storage interface and the helpers its implementations share.
+
+:class:`CheckpointStorage` is what the runtime writes snapshot state and checkpoint metadata
+through; :mod:`sparkpoint.checkpointing.filesystem_storage` and
+:mod:`sparkpoint.checkpointing.jobmanager_storage` implement it. The helpers here check job ids,
+state names and checkpoint ids, make and verify state handles (size and SHA-256 checksum) and
+encode and decode ``_metadata`` JSON.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sparkpoint.errors import CheckpointError, CorruptSnapshotError, StorageLocationError
+from sparkpoint.protocol import StateHandleModel
+from sparkpoint.state.key_groups import KeyGroupRange
+
+_GLOB_CHARS = frozenset("*?[]")
+
+
+class StateTooLargeError(CheckpointError):
+    """A snapshot is above the inline size limit of jobmanager checkpoint storage."""
+
+
+class CheckpointStorage(abc.ABC):
+    """Writes and reads the state handles and the metadata of checkpoints."""
+
+    @abc.abstractmethod
+    def write_state(
+        self,
+        job_id: str,
+        checkpoint_id: int,
+        name: str,
+        data: bytes,
+        *,
+        key_group_range: KeyGroupRange | None = None,
+    ) -> StateHandleModel:
+        """Store one piece of snapshot state and return its handle (size and checksum).
+
+        Args:
+            job_id: the job.
+            checkpoint_id: the checkpoint (>= 1).
+            name: the state's name within the checkpoint, unique per operator and subtask
+                (for example ``"pv-0"``); not empty, no path separators, not starting with
+                ``_`` (reserved for the storage's own files).
+            data: the bytes.
+            key_group_range: the key groups the state covers, recorded in the handle.
+        """
+
+    def read_state(self, handle: StateHandleModel) -> bytes:
+        """The bytes of a handle, after checking their size and checksum.
+
+        Raises:
+            CorruptSnapshotError: missing, truncated or altered state (the message names the
+                file, or ``inline state``, with the expected and actual size or checksum).
+            StorageLocationError: a handle path outside this storage's base directory.
+        """
+        if handle.inline is not None:
+            try:
+                data = base64.b64decode(handle.inline, validate=True)
+            except ValueError as err:
+                raise CorruptSnapshotError(f"inline state is not valid base64: {err}") from err
+            verify_state(data, handle, "inline state")
+            return data
+        if handle.path is None:
+            raise CorruptSnapshotError(
+                f"state handle ({handle.size} bytes, {handle.checksum}) has neither a path nor "
+                "inline bytes"
+            )
+        return self._read_file(handle)
+
+    def _read_file(self, handle: StateHandleModel) -> bytes:
+        raise CorruptSnapshotError(
+            f"{type(self).__name__} cannot read state file {handle.path}: "
+            "it keeps state inline and has no filesystem to read it from"
+        )
+
+    @abc.abstractmethod
+    def write_metadata(
+        self, job_id: str, checkpoint_id: int, metadata: Mapping[str, Any]
+    ) -> str | None:
+        """Write a completed checkpoint's ``_metadata`` (JSON) atomically.
+
+        Returns:
+            The checkpoint's external path (its ``chk-<n>`` directory), or None when the
+            metadata is kept in memory.
+        """
+
+    @abc.abstractmethod
+    def read_metadata(self, path: str) -> dict[str, Any]:
+        """The metadata of the checkpoint at ``path`` (its directory or its ``_metadata`` file).
+
+        Raises:
+            CheckpointNotFoundError: no ``_metadata`` there.
+            CorruptSnapshotError: ``_metadata`` is not a JSON object.
+        """
+
+    @abc.abstractmethod
+    def read_checkpoint_metadata(self, job_id: str, checkpoint_id: int) -> dict[str, Any]:
+        """The metadata of checkpoint ``checkpoint_id`` of ``job_id`` in this storage.
+
+        Raises:
+            CheckpointNotFoundError: the checkpoint has no metadata here.
+        """
+
+    @abc.abstractmethod
+    def discard(self, job_id: str, checkpoint_id: int) -> None:
+        """Delete everything of a checkpoint; nothing happens when it is already gone."""
+
+    @abc.abstractmethod
+    def cleanup_incomplete(self, job_id: str, *, keep: Iterable[int] = ()) -> list[int]:
+        """Delete the checkpoints of ``job_id`` that have no ``_metadata``, except ``keep``.
+
+        Returns:
+            The ids of the deleted checkpoints, sorted.
+        """
+
+    @abc.abstractmethod
+    def completed_checkpoint_ids(self, job_id: str) -> list[int]:
+        """The ids of the checkpoints of ``job_id`` that have metadata, sorted."""
+
+    @abc.abstractmethod
+    def checkpoint_path(self, job_id: str, checkpoint_id: int) -> str | None:
+        """The external path (``chk-<n>`` directory) of a checkpoint, or None when it has none."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def check_segment(
+    value: Any, what: str, *, forbid_glob: bool = False, reserved_prefix: str | None = None
+) -> str:
+    """Refuse a job id or state name that is not one plain path segment."""
+    if not isinstance(value, str) or not value:
+        raise StorageLocationError(f"{what} must be a non-empty str, got {value!r}")
+    problem = None
+    if value in (".", ".."):
+        problem = "is a relative path"
+    elif "/" in value or "\\" in value:
+        problem = "contains a path separator"
+    elif "\x00" in value:
+        problem = "contains a NUL character"
+    elif value != value.strip():
+        problem = "starts or ends with whitespace"
+    elif "://" in value:
+        problem = "is a URL"
+    elif forbid_glob and _GLOB_CHARS & set(value):
+        problem = "contains a glob character (* ? [ ])"
+    elif reserved_prefix and value.startswith(reserved_prefix):
+        problem = f"starts with {reserved_prefix!r}, reserved for the storage's own files"
+    if problem:
+        raise StorageLocationError(
+            f"{what} {value!r} {problem}: it must be a single name under the checkpoint directory"
+        )
+    return value
+
+
+def check_checkpoint_id(checkpoint_id: Any) -> int:
+    """Refuse a checkpoint id that is not an int >= 1."""
+    if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 1:
+        raise StorageLocationError(f"checkpoint id must be an int >= 1, got {checkpoint_id!r}")
+    return checkpoint_id
+
+
+def _checksum(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def state_handle(
+    data: bytes,
+    key_group_range: KeyGroupRange | None,
+    *,
+    path: str | None = None,
+    inline: str | None = None,
+) -> StateHandleModel:
+    """The handle of ``data``: its size and checksum, and where the bytes are."""
+    return StateHandleModel(
+        path=path,
+        inline=inline,
+        size=len(data),
+        checksum=_checksum(data),
+        key_group_start=None if key_group_range is None else key_group_range.start,
+        key_group_end=None if key_group_range is None else key_group_range.end,
+    )
+
+
+def verify_state(data: bytes, handle: StateHandleModel, where: str) -> None:
+    """Refuse ``data`` unless it has the size and checksum ``handle`` records."""
+    if len(data) != handle.size:
+        raise CorruptSnapshotError(
+            f"{where} is {len(data)} bytes, expected {handle.size} bytes (truncated or altered)"
+        )
+    actual = _checksum(data)
+    if actual != handle.checksum:
+        raise CorruptSnapshotError(
+            f"{where} has checksum {actual}, expected {handle.checksum} (altered)"
+        )
+
+
+def encode_metadata(metadata: Mapping[str, Any], job_id: str, checkpoint_id: int) -> bytes:
+    """``metadata`` as JSON bytes; raises :class:`CheckpointError` when it is not JSON."""
+    try:
+        return json.dumps(dict(metadata), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"metadata of checkpoint {checkpoint_id} of job {job_id} is not JSON: {err}"
+        ) from err
+
+
+def decode_metadata(raw: bytes, where: str) -> dict[str, Any]:
+    """The JSON object in ``raw``; raises :class:`CorruptSnapshotError` for anything else."""
+    try:
+        metadata = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CorruptSnapshotError(f"{where} is not valid JSON: {err}") from err
+    if not isinstance(metadata, dict):
+        raise CorruptSnapshotError(
+            f"{where} holds a JSON {type(metadata).__name__}, expected an object"
+        )
+    return metadata
+
+
+def format_size(size: int) -> str:
+    """``size`` bytes for a message: bytes, KiB or MiB."""
+    if size >= 1 << 20:
+        return f"{size / (1 << 20):.1f} MiB"
+    if size >= 1 << 10:
+        return f"{size / (1 << 10):.1f} KiB"
+    return f"{size} bytes"

@@ -1,0 +1,41 @@
+"""Checkpoint timeout and the tolerable-failure policy on a real job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples import pv_count
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import JobOptions
+from sparkpoint.protocol import CheckpointAborted, JobStatusChanged
+from sparkpoint.runtime.driver import JobDriver, JobFailedError
+from sparkpoint.testing import line_counts
+
+pytestmark = pytest.mark.spark
+
+
+def test_checkpoints_that_outlive_the_timeout_expire_and_fail_the_job(
+        spark: Any, tmp_path: Path) -> None:
+    options = JobOptions(
+        job_id="expiring",
+        checkpoint=CheckpointConfig(interval_ms=1, timeout_ms=1, tolerable_failures=2),
+        checkpoint_dir=f"file://{tmp_path / 'chk'}", checkpoint_storage="filesystem",
+        local_dir=str(tmp_path / "local"), max_epoch_records=500, min_epoch_records=500,
+        restart_strategy={"restart-strategy.type": "none"})
+    env = StreamExecutionEnvironment(options)
+    out = str(tmp_path / "out")
+    pv_count.build(env, ["--events", "4000", "--rate", "0", "--output", out])
+    driver = JobDriver(env.graph, options, spark=spark)
+    with pytest.raises(JobFailedError, match="exceeded checkpoint tolerable failure threshold"):
+        driver.run()
+    aborted = driver.memory.of_type(CheckpointAborted)
+    assert [a.checkpoint_id for a in aborted] == [1, 2, 3]
+    assert all(a.reason.startswith("CHECKPOINT_EXPIRED: checkpoint") for a in aborted)
+    statuses = [s.status.value for s in driver.memory.of_type(JobStatusChanged)]
+    assert statuses == ["RUNNING", "FAILING", "FAILED"]
+    assert line_counts(out) == {}  # no checkpoint completed, so nothing was committed
+    assert not list((tmp_path / "chk" / "expiring").glob("chk-*"))  # partial state deleted
