@@ -9,12 +9,19 @@ import sys
 from collections.abc import Sequence
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.supervisor import SUPERVISED_ENV, supervise
 
 
 def _run(job: str, job_args: Sequence[str]) -> int:
     if not os.path.isfile(job):
         print(f"sparkpoint run: no such job file: {job}", file=sys.stderr)
         return 2
+    if os.environ.get(SUPERVISED_ENV) != "1":
+        try:
+            return supervise(job, job_args)
+        except ConfigurationError as err:
+            print(f"sparkpoint run: invalid configuration: {err}", file=sys.stderr)
+            return 2
     sys.argv = [job, *job_args]
     job_dir = os.path.dirname(os.path.abspath(job))
     if job_dir not in sys.path:

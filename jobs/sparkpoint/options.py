@@ -34,6 +34,7 @@ class JobOptions:
     max_parallelism: int = 128
     master: str = "local[*]"
     fail_after: int | None = None
+    crash_after_checkpoint: int | None = None
     from_checkpoint: str | None = None
     local_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint"))
@@ -67,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-parallelism", type=int, default=128)
     p.add_argument("--master", default=os.environ.get("SPARKPOINT_MASTER", "local[*]"))
     p.add_argument("--fail-after", type=int)
+    # Testing hook: kill the driver (SIGKILL) once checkpoint N completed, before its commit.
+    p.add_argument("--crash-after-checkpoint", type=int)
     p.add_argument("--from-checkpoint")
     p.add_argument("--local-dir")
     p.add_argument("--epoch-target-ms", type=float, default=1000.0)
@@ -134,6 +137,7 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         max_parallelism=ns.max_parallelism,
         master=ns.master,
         fail_after=ns.fail_after,
+        crash_after_checkpoint=ns.crash_after_checkpoint,
         from_checkpoint=ns.from_checkpoint,
         local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), "sparkpoint"),
         epoch_target_ms=ns.epoch_target_ms,

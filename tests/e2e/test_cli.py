@@ -59,3 +59,24 @@ def test_missing_job_file_exits_2(tmp_path: Path) -> None:
     proc = _sparkpoint("run", str(tmp_path / "nope.py"))
     assert proc.returncode == 2
     assert "no such job file" in proc.stderr
+
+
+def test_a_killed_driver_is_restarted_from_its_latest_checkpoint(tmp_path: Path) -> None:
+    out, events = tmp_path / "out", tmp_path / "events.jsonl"
+    proc = _sparkpoint(
+        "run", "jobs/examples/pv_count.py", "--standalone", "--job-id", "crashy",
+        "--checkpoint-dir", f"file://{tmp_path / 'chk'}", "--checkpoint-interval", "0.2",
+        "--max-epoch-records", "1000", "--local-dir", str(tmp_path / "local"),
+        "--events-log", str(events), "--crash-after-checkpoint", "3",
+        "--events", "12000", "--apps", "7", "--rate", "0", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "driver of job crashy crashed (signal 9); restarting from file://" in proc.stderr
+    assert "chk-3" in proc.stderr
+    # Checkpoint 3 completed but its sink never committed before the crash: the new driver
+    # committed it on restore, and the output is exactly the source's.
+    assert line_counts(str(out)) == expected_every_lines()
+    restored = [json.loads(line) for line in events.read_text().splitlines()
+                if json.loads(line)["type"] == "job_restored"]
+    assert [r["payload"]["checkpoint_id"] for r in restored] == [3]
+    assert restored[0]["attempt"] == 2
+    assert restored[0]["payload"]["committed_transactions"] == 2

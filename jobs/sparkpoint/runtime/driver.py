@@ -9,6 +9,9 @@ source positions and sink transactions.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +147,7 @@ class JobDriver:
                 self._run_one_epoch(runner)
             # Step 5
             self._set_status(p.JobStatus.FINISHED)
+            shutil.rmtree(os.path.join(self.options.local_dir, self.job_id), ignore_errors=True)
         except JobFailedError:
             self._set_status(p.JobStatus.FAILED)
             raise
@@ -273,6 +277,9 @@ class JobDriver:
         for old in self.coordinator.drain_subsumed():
             self.storage.discard(self.job_id, old.checkpoint_id)
         # Step 3: notify the job (in-process here).
+        if (self.options.crash_after_checkpoint == cp.checkpoint_id
+                and self.options.from_checkpoint is None):
+            os.kill(os.getpid(), signal.SIGKILL)  # testing hook: a driver crash, for real
         f = self.failure
         if (f is not None and f.where == "before_commit" and f.attempt == cp.attempt
                 and f.checkpoint_id == cp.checkpoint_id):
