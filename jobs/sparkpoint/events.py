@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import os
 import threading
+from collections import deque
 from collections.abc import Sequence
 
 from sparkpoint import protocol as p
@@ -25,10 +26,10 @@ class EventSink(abc.ABC):
 
 
 class InMemoryEventSink(EventSink):
-    """Keeps every event; for tests and for the driver's own summary."""
+    """Keeps the latest events (all of them unless ``max_events``); for tests and summaries."""
 
-    def __init__(self) -> None:
-        self.events: list[p.Envelope] = []
+    def __init__(self, max_events: int | None = None) -> None:
+        self.events: deque[p.Envelope] = deque(maxlen=max_events)
         self._lock = threading.Lock()
 
     def publish(self, events: Sequence[p.Envelope]) -> None:

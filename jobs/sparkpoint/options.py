@@ -42,6 +42,7 @@ class JobOptions:
     max_epoch_records: int = 4_000_000
     min_epoch_records: int = 1_000
     events_log: str | None = None
+    max_events_in_memory: int | None = 1_000_000  # the driver's own event history
     restart_strategy: dict[str, str] = field(default_factory=dict)
 
 

@@ -71,7 +71,7 @@ class JobDriver:
         self.options = options
         self.clock = clock or SystemClock()
         self.job_id = options.job_id
-        self.memory = InMemoryEventSink()
+        self.memory = InMemoryEventSink(max_events=options.max_events_in_memory)
         sinks: list[EventSink] = [self.memory]
         if events is not None:
             sinks.append(events)

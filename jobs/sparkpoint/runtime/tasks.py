@@ -30,6 +30,7 @@ from sparkpoint.runtime.subtask import (
     run_chain,
     save_working_state,
 )
+from sparkpoint.runtime.working_state import WorkingStateLostError
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import key_group_range, key_groups_of
 
@@ -167,9 +168,12 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
                  if h.key_group_start is None or h.key_group_end is None
                  or (h.key_group_start <= kg_range.end and h.key_group_end >= kg_range.start)]
         backend = HashMapKeyedStateBackend.restore(blobs, keyed.max_parallelism, kg_range)
-    elif state.backend_blob is not None:
-        backend = HashMapKeyedStateBackend.restore(
-            [state.backend_blob], keyed.max_parallelism, kg_range)
+    elif state.backend is not None:
+        if state.backend.key_group_range != kg_range:
+            raise WorkingStateLostError(
+                f"working state of {uid}[{subtask}] holds key groups "
+                f"{state.backend.key_group_range}, expected {kg_range}")
+        backend = state.backend
     else:
         backend = HashMapKeyedStateBackend(keyed.max_parallelism, kg_range)
     state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
@@ -225,7 +229,7 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
     report.records_out += len(tail)
     sink.write(tail)
     state.open_txn = sink.close_epoch()
-    state.backend_blob = backend.snapshot()
+    state.backend = backend
     # Step 4
     save_working_state(plan, uid, subtask, report, state)
     # Step 5

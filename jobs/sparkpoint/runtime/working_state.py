@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
 from sparkpoint.protocol import SinkTransactionModel
+from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 
 _MAGIC = b"SPWS1"
 
@@ -30,7 +31,7 @@ class WorkingStateLostError(SparkpointError):
 class WorkingState:
     """What a subtask carries from one epoch to the next."""
 
-    backend_blob: bytes | None = None
+    backend: HashMapKeyedStateBackend | None = None  # pickled as is: no key-group regrouping
     open_txn: OpenTransaction | None = None
     pending: list[tuple[int, SinkTransactionModel]] = field(default_factory=list)
 
