@@ -80,3 +80,17 @@ def test_a_killed_driver_is_restarted_from_its_latest_checkpoint(tmp_path: Path)
     assert [r["payload"]["checkpoint_id"] for r in restored] == [3]
     assert restored[0]["attempt"] == 2
     assert restored[0]["payload"]["committed_transactions"] == 2
+
+
+def test_two_executor_jvms_recover_exactly_once(tmp_path: Path) -> None:
+    """``local-cluster`` starts two executor JVMs: subtasks land on either, epoch by epoch."""
+    out = tmp_path / "out"
+    proc = _sparkpoint(
+        "run", "jobs/examples/pv_count.py", "--standalone", "--master", "local-cluster[2,1,1024]",
+        "--checkpoint-dir", f"file://{tmp_path / 'chk'}", "--checkpoint-interval", "0.2",
+        "--max-epoch-records", "1000", "--local-dir", str(tmp_path / "local"),
+        "--restart-delay", "0", "--events", "12000", "--apps", "7", "--rate", "0",
+        "--fail-after", "2500", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 restores" in proc.stdout
+    assert line_counts(str(out)) == expected_every_lines()
