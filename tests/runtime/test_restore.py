@@ -90,7 +90,7 @@ def test_state_above_the_inline_limit_declines_with_the_reason(spark: Any,
 def test_corrupt_snapshot_is_refused_naming_the_file(spark: Any, tmp_path: Path) -> None:
     _, out = run_pv(spark, tmp_path, "good")
     latest = _chk_dirs(tmp_path, "good")[-1]
-    victim = latest / "pv-1"
+    (victim,) = latest.glob("pv-1-a1-t*")
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))

@@ -87,7 +87,9 @@ class SubtaskCheckpointer:
             kg = self.backend.key_group_range
             upload = self._pool.submit(
                 self.plan.storage.write_state, self.plan.job_id, barrier.checkpoint_id,
-                f"{self.uid}-{self.subtask}", blob, key_group_range=kg)
+                # Tagged by job attempt and task attempt (execution contract 2).
+                f"{self.uid}-{self.subtask}-a{self.plan.attempt}-t{self.report.task_attempt}",
+                blob, key_group_range=kg)
         self._inflight.append(_InFlight(
             barrier, first_wall, alignment, sync_ms, len(blob) if blob else 0,
             source_positions or {}, sinks, upload, self.clock.monotonic_ms()))
