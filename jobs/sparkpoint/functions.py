@@ -8,21 +8,26 @@ work on columns. Keyed operators run after the key-group exchange with keyed sta
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.records import Batch
+from sparkpoint.records import Batch, Column, DictColumn
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 
 KeySelector = str | Callable[[Any], Any]
 
 
-def select_keys(selector: KeySelector, batch: Batch) -> np.ndarray:
-    """The key of every record of ``batch`` (a column lookup for a field-name selector)."""
+def select_keys(selector: KeySelector, batch: Batch) -> Column:
+    """The key of every record of ``batch`` (a column lookup for a field-name selector).
+
+    A field-name selector returns the column as stored, so a :class:`DictColumn` stays
+    encoded; a callable selector gives an object array.
+    """
     if isinstance(selector, str):
         return batch.column(selector)
     keys = np.empty(len(batch), dtype=object)
@@ -108,6 +113,35 @@ class KeyedProcessFunction:
         raise NotImplementedError
 
 
+def _group_codes(keys: DictColumn) -> tuple[list[Any], np.ndarray]:
+    """The distinct keys that occur in ``keys`` and each record's index into them, in O(n).
+
+    Only values whose code occurs are touched (``np.bincount``); they are taken in sorted
+    order, as ``numpy.unique`` gives them for a plain array, so state and output see keys in
+    the same order either way. Values that are equal as Python keys (a repeated value, or
+    ``1`` and ``1.0`` in an object array) share one index, as they share one state entry.
+    """
+    occurs = np.flatnonzero(np.bincount(keys.codes, minlength=len(keys.values)))
+    # An object array whose values cannot be ordered keeps code order.
+    with contextlib.suppress(TypeError):
+        occurs = occurs[np.argsort(keys.values[occurs], kind="stable")]
+    slot: dict[Any, int] = {}
+    remap = np.zeros(len(keys.values), dtype=np.int64)
+    for code, key in zip(occurs.tolist(), keys.values[occurs].tolist(), strict=True):
+        remap[code] = slot.setdefault(key, len(slot))
+    return list(slot), remap[keys.codes]
+
+
+def _narrow(indices: np.ndarray, bound: int) -> np.ndarray:
+    """Group indices in ``[0, bound)`` as uint16 when they fit, so a stable sort is O(n).
+
+    numpy's stable sort of 16-bit integers is a radix sort; of wider ones, a merge sort.
+    """
+    if bound <= 1 << 16:
+        return indices.astype(np.uint16)
+    return indices
+
+
 class KeyedOperator(abc.ABC):
     """An operator after the key-group exchange, with keyed state."""
 
@@ -151,9 +185,13 @@ class CountOperator(KeyedOperator):
         keys = select_keys(self.selector, batch)
         if not len(keys):
             return Batch.of_rows([])
-        uniq, inverse = np.unique(keys, return_inverse=True)
+        if isinstance(keys, DictColumn):
+            ukeys, inverse = _group_codes(keys)
+        else:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            ukeys = uniq.tolist()
+            inverse = inverse.reshape(-1)
         table = backend.table(self.STATE)
-        ukeys = uniq.tolist()
         base = np.fromiter((table.get(k, 0) for k in ukeys), dtype=np.int64, count=len(ukeys))
         per_key = np.bincount(inverse, minlength=len(ukeys))
         totals = base + per_key
@@ -164,7 +202,7 @@ class CountOperator(KeyedOperator):
                 self._changed[k] = total
             return Batch.of_rows([])
         # Running count of each record: base + its 1-based rank among its key's records.
-        order = np.argsort(inverse, kind="stable")
+        order = np.argsort(_narrow(inverse, len(ukeys)), kind="stable")
         starts = np.concatenate(([0], np.cumsum(per_key)[:-1]))
         rank = np.empty(len(keys), dtype=np.int64)
         rank[order] = np.arange(len(keys)) - np.repeat(starts, per_key) + 1

@@ -1,17 +1,145 @@
 """Batches of records: the unit that moves between operators, columnar where it can be.
 
-A :class:`Batch` holds either columns (name -> numpy array, all the same length), which the
-built-in operators process without a Python call per record, or a list of rows (any Python
-objects), which user functions receive one at a time. Conversions happen only where an
-operator needs the other form.
+A :class:`Batch` holds either columns (name -> numpy array or :class:`DictColumn`, all the
+same length), which the built-in operators process without a Python call per record, or a
+list of rows (any Python objects), which user functions receive one at a time. Conversions
+happen only where an operator needs the other form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+
+class DictColumn:
+    """A dictionary-encoded column (Arrow's ``DictionaryArray``): int32 codes into values.
+
+    Record ``i`` is ``values[codes[i]]``. ``values`` is usually small (the distinct keys of a
+    batch), so hashing, grouping and serializing touch each distinct value once and the rest is
+    integer work over ``codes``. It behaves like a 1-D numpy array where a :class:`Batch` uses
+    its columns (``len``, indexing, ``nbytes``, ``tolist``, ``dtype``); ``np.asarray`` and
+    :meth:`decode` give the plain array. Comparing with ``==``/``!=`` is elementwise, as numpy.
+    """
+
+    __slots__ = ("codes", "values")
+
+    codes: np.ndarray
+    values: np.ndarray
+
+    def __init__(self, codes: np.ndarray | Sequence[int], values: np.ndarray | Sequence[Any]):
+        codes_arr = np.asarray(codes)
+        values_arr = np.asarray(values)
+        if codes_arr.ndim != 1 or values_arr.ndim != 1:
+            raise ValueError("a DictColumn needs 1-D codes and 1-D values")
+        if codes_arr.size and codes_arr.dtype.kind not in "iu":
+            raise TypeError(f"DictColumn codes must be integers, got dtype {codes_arr.dtype}")
+        if codes_arr.size and (codes_arr.min() < 0 or codes_arr.max() >= len(values_arr)):
+            raise ValueError(
+                f"DictColumn codes must lie in [0, {len(values_arr)}) (the number of values)"
+            )
+        self.codes = codes_arr.astype(np.int32, copy=False)
+        self.values = values_arr
+
+    @classmethod
+    def _of(cls, codes: np.ndarray, values: np.ndarray) -> DictColumn:
+        """A column from codes already checked against ``values`` (no validation pass)."""
+        col = cls.__new__(cls)
+        col.codes = codes
+        col.values = values
+        return col
+
+    @classmethod
+    def encode(cls, array: np.ndarray | Sequence[Any]) -> DictColumn:
+        """Dictionary-encode a plain array (``numpy.unique``: sorts, so O(n log n))."""
+        values, codes = np.unique(np.asarray(array), return_inverse=True)
+        return cls(codes.reshape(-1), values)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The dtype of the decoded values."""
+        return self.values.dtype
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.codes),)
+
+    @property
+    def ndim(self) -> int:
+        return 1
+
+    @property
+    def size(self) -> int:
+        return len(self.codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the codes and the values (shared values count in every column)."""
+        return int(self.codes.nbytes + self.values.nbytes)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, index: Any) -> Any:
+        """One value for an integer index; a DictColumn sharing ``values`` for anything else."""
+        if isinstance(index, (int, np.integer)):
+            return self.values[self.codes[index]]
+        codes = self.codes[index]
+        if codes.ndim != 1:
+            raise IndexError("indexing a DictColumn must give a 1-D selection")
+        return DictColumn._of(codes, self.values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.values[self.codes])
+
+    def tolist(self) -> list[Any]:
+        """The decoded records as Python objects (equal values share one object)."""
+        return list(map(self.values.tolist().__getitem__, self.codes.tolist()))
+
+    def decode(self) -> np.ndarray:
+        """The plain array ``values[codes]``."""
+        return self.values[self.codes]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy is False:
+            raise ValueError("a DictColumn cannot be read as an array without decoding (a copy)")
+        decoded = self.decode()
+        return decoded if dtype is None else decoded.astype(dtype, copy=False)
+
+    def _compare(self, other: Any, equal: bool) -> np.ndarray:
+        if np.ndim(other):
+            result = np.asarray(self.decode() == np.asarray(other), dtype=bool)
+        else:  # a scalar: compare the values once, then index by codes
+            per_value = np.asarray(self.values == other, dtype=bool)
+            if per_value.ndim == 0:
+                per_value = np.full(len(self.values), bool(per_value))
+            result = per_value[self.codes]
+        return result if equal else ~result
+
+    def __eq__(self, other: object) -> Any:
+        return self._compare(other, True)
+
+    def __ne__(self, other: object) -> Any:
+        return self._compare(other, False)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+        return (_dict_column, (self.codes, self.values))  # pickles codes and values only
+
+    def __repr__(self) -> str:
+        return f"DictColumn({len(self)} records, {len(self.values)} values, dtype={self.dtype})"
+
+
+def _dict_column(codes: np.ndarray, values: np.ndarray) -> DictColumn:
+    """Rebuild a pickled :class:`DictColumn` (its codes were checked when it was made)."""
+    return DictColumn._of(codes, values)
+
+
+#: A column of a columnar :class:`Batch`.
+Column = np.ndarray | DictColumn
 
 
 class Batch:
@@ -20,7 +148,7 @@ class Batch:
     __slots__ = ("_columns", "_rows")
 
     def __init__(
-        self, *, columns: dict[str, np.ndarray] | None = None, rows: list[Any] | None = None
+        self, *, columns: dict[str, Column] | None = None, rows: list[Any] | None = None
     ) -> None:
         if (columns is None) == (rows is None):
             raise ValueError("a Batch has exactly one of columns or rows")
@@ -36,7 +164,7 @@ class Batch:
         return cls(rows=list(rows))
 
     @classmethod
-    def of_columns(cls, **columns: np.ndarray) -> Batch:
+    def of_columns(cls, **columns: Column) -> Batch:
         return cls(columns=dict(columns))
 
     @property
@@ -44,7 +172,7 @@ class Batch:
         return self._columns is not None
 
     @property
-    def columns(self) -> dict[str, np.ndarray]:
+    def columns(self) -> dict[str, Column]:
         """The columns; row batches of dicts are converted (once)."""
         if self._columns is None:
             rows = self._rows or []
@@ -64,8 +192,8 @@ class Batch:
             return [dict(zip(names, values, strict=True)) for values in zip(*as_lists, strict=True)]
         return self._rows
 
-    def column(self, name: str) -> np.ndarray:
-        """One field of every record as an array."""
+    def column(self, name: str) -> Column:
+        """One field of every record as an array (a :class:`DictColumn` stays encoded)."""
         if self._columns is not None:
             try:
                 return self._columns[name]

@@ -18,7 +18,7 @@ import numpy as np
 
 from sparkpoint.errors import CheckpointError, ConfigurationError
 from sparkpoint.protocol import SinkTransactionModel
-from sparkpoint.records import Batch
+from sparkpoint.records import Batch, Column, DictColumn
 
 
 @dataclass
@@ -75,26 +75,45 @@ class TwoPhaseCommitSink(abc.ABC):
         """Delete every uncommitted part of sink ``uid`` not in ``keep``; returns how many."""
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value.item() if hasattr(value, "item") else value)
+
+
+def _json_values(col: np.ndarray, distinct: bool = False) -> list[str]:
+    """Each element of a plain array as JSON text.
+
+    Numbers and bools are converted in numpy; anything else is JSON-encoded once per distinct
+    value (``numpy.unique``), or once per element when ``distinct`` says they are few.
+    """
+    if col.dtype.kind in "iub":
+        values = col.astype(str) if col.dtype.kind != "b" else np.where(col, "true", "false")
+        return values.tolist()
+    if distinct:
+        return [_json_text(v) for v in col]
+    uniq, inverse = np.unique(col, return_inverse=True)
+    texts = [_json_text(v) for v in uniq]
+    return list(map(texts.__getitem__, inverse.reshape(-1).tolist()))
+
+
+def _json_column(col: Column) -> list[str]:
+    """Each record of a column as JSON text; a DictColumn encodes its values once, O(n)."""
+    if isinstance(col, DictColumn):
+        texts = _json_values(col.values, distinct=True)
+        return list(map(texts.__getitem__, col.codes.tolist()))
+    return _json_values(col)
+
+
 def format_json_lines(batch: Batch) -> str:
     """Records as JSON lines (``{"app_id": "a", "pv": 3}``), vectorized for columnar batches."""
     if not len(batch):
         return ""
     if not batch.is_columnar:
         return "".join(json.dumps(r) + "\n" for r in batch.rows)
-    encoded = []
-    for name, col in batch.columns.items():
-        prefix = json.dumps(name) + ": "
-        if col.dtype.kind in "iub":
-            values = col.astype(str) if col.dtype.kind != "b" else np.where(col, "true", "false")
-        else:
-            uniq, inverse = np.unique(col, return_inverse=True)
-            values = np.array([json.dumps(v.item() if hasattr(v, "item") else v) for v in uniq])
-            values = values[inverse]
-        encoded.append((prefix, values.tolist()))
-    lines = []
-    for row in zip(*(vals for _, vals in encoded), strict=True):
-        lines.append("{" + ", ".join(p + v for (p, _), v in zip(encoded, row, strict=True)) + "}\n")
-    return "".join(lines)
+    columns = batch.columns
+    # One str.format per record: '{"app_id": {}, "pv": {}}' with the names' braces escaped.
+    fields = (json.dumps(name).replace("{", "{{").replace("}", "}}") + ": {}" for name in columns)
+    template = "{{" + ", ".join(fields) + "}}\n"
+    return "".join(map(template.format, *(_json_column(col) for col in columns.values())))
 
 
 class _FileSinkWriter(SinkWriter):

@@ -8,6 +8,7 @@ much is *available*, for ``--rate``).
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.records import Batch
+from sparkpoint.records import Batch, DictColumn
 
 
 class Source(abc.ABC):
@@ -48,6 +49,27 @@ def _mix64(values: np.ndarray) -> np.ndarray:
     return z
 
 
+@functools.lru_cache(maxsize=8)
+def _app_names(apps: int) -> np.ndarray:
+    """``app-0 .. app-{apps-1}`` as a read-only str array, built once per process."""
+    names = np.array([f"app-{i}" for i in range(apps)])
+    names.flags.writeable = False
+    return names
+
+
+def _app_ids(idx: np.ndarray, apps: int) -> DictColumn:
+    """The ``app_id`` column of app indices ``idx``, dictionary-encoded.
+
+    With fewer records than apps, only the apps that occur become values (so a batch never
+    carries more names than records); otherwise every app name is a value and ``idx`` are
+    the codes as they are.
+    """
+    if len(idx) >= apps:
+        return DictColumn(idx.astype(np.int32), _app_names(apps))
+    present, codes = np.unique(idx, return_inverse=True)
+    return DictColumn(codes.reshape(-1), np.array([f"app-{i}" for i in present.tolist()]))
+
+
 @dataclass(frozen=True)
 class GeneratorSource(Source):
     """Deterministic page-view events: ``app_id``, ``event_id`` and ``event_time`` (ms).
@@ -56,7 +78,7 @@ class GeneratorSource(Source):
     ``g // splits``; its ``app_id`` is a hash of ``(seed, g)`` over ``apps`` apps and its event
     time is ``start_time_ms + g * 1000 / rate`` (1 ms apart when unpaced), so a replay after
     recovery yields exactly the same records. ``rate`` is events per second over all splits
-    (0: as fast as possible).
+    (0: as fast as possible). ``app_id`` comes as a :class:`~sparkpoint.records.DictColumn`.
     """
 
     events: int | None = 10_000
@@ -92,10 +114,10 @@ class GeneratorSource(Source):
     def read(self, split: int, start: int, end: int) -> Batch:
         g = np.arange(start, end, dtype=np.int64) * self.splits + split
         idx = _mix64(g.astype(np.uint64) ^ np.uint64(self.seed)) % np.uint64(self.apps)
-        names = np.array([f"app-{i}" for i in range(self.apps)])
         step = 1000.0 / self.rate if self.rate else 1.0
         times = self.start_time_ms + (g * step).astype(np.int64)
-        return Batch.of_columns(app_id=names[idx.astype(np.int64)], event_id=g, event_time=times)
+        app_ids = _app_ids(idx.astype(np.int64), self.apps)
+        return Batch.of_columns(app_id=app_ids, event_id=g, event_time=times)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.records import DictColumn
 
 DEFAULT_MAX_PARALLELISM = 128
 #: Flink's ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``.
@@ -253,17 +254,23 @@ def key_group_for(key: Any, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> i
     return stable_hash(key) % check_max_parallelism(max_parallelism)
 
 
-def key_groups_of(keys: np.ndarray, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> np.ndarray:
+def key_groups_of(
+    keys: np.ndarray | DictColumn, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+) -> np.ndarray:
     """The key group of every key in an array, as an int32 array of the same shape.
 
     Gives the same result as :func:`key_group_for` on each element. Integer and bool arrays
     are hashed in numpy uint64 arithmetic; str, bytes, float and object arrays hash each
-    distinct value once (``numpy.unique``) and map the results back.
+    distinct value once (``numpy.unique``) and map the results back. A :class:`DictColumn`
+    hashes only its ``values`` and indexes the result by its codes: O(n), no sort.
 
     Raises:
         TypeError: for an unsupported dtype or element type.
     """
     check_max_parallelism(max_parallelism)
+    if isinstance(keys, DictColumn):
+        per_value = key_groups_of(keys.values, max_parallelism)
+        return per_value[keys.codes]
     array = np.asarray(keys)
     hashes = _stable_hashes(array.reshape(-1))
     return (hashes % np.uint64(max_parallelism)).astype(np.int32).reshape(array.shape)
