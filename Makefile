@@ -19,6 +19,7 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check jobs tests
+	$(VENV)/bin/ruff format --check jobs tests
 	$(VENV)/bin/mypy
 
 format: $(VENV)/.installed

@@ -29,12 +29,13 @@ def build(env: StreamExecutionEnvironment, argv: Sequence[str]) -> argparse.Name
     parser.add_argument("--emit", choices=["every", "epoch"], default="every")
     parser.add_argument("--output", required=True, help="output directory")
     args = parser.parse_args(list(argv))
-    source = GeneratorSource(events=args.events, apps=args.apps, rate=args.rate,
-                             splits=args.splits)
-    (env.from_source(source, uid="events")
+    source = GeneratorSource(events=args.events, apps=args.apps, rate=args.rate, splits=args.splits)
+    (
+        env.from_source(source, uid="events")
         .key_by("app_id")
         .count(uid="pv", output="pv", emit=args.emit)
-        .sink_to(FileSink(args.output), uid="sink"))
+        .sink_to(FileSink(args.output), uid="sink")
+    )
     return args
 
 
@@ -42,10 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = StreamExecutionEnvironment.from_args(argv)
     args = build(env, env.args)
     result = env.execute("pv-count")
-    print(f"pv-count {result.job_id}: {result.status.value}, {result.records} events in "
-          f"{result.duration_s:.1f} s ({result.records_per_second:,.0f}/s), "
-          f"{len(result.completed_checkpoints)} checkpoints, {len(result.restores)} restores; "
-          f"committed output in {args.output}")
+    print(
+        f"pv-count {result.job_id}: {result.status.value}, {result.records} events in "
+        f"{result.duration_s:.1f} s ({result.records_per_second:,.0f}/s), "
+        f"{len(result.completed_checkpoints)} checkpoints, {len(result.restores)} restores; "
+        f"committed output in {args.output}"
+    )
     return 0
 
 

@@ -41,8 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkpoint", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
-        "run", help="run a job file; product options (--standalone, --checkpoint-dir, ...) "
-        "and the job's own arguments go after it")
+        "run",
+        help="run a job file; product options (--standalone, --checkpoint-dir, ...) "
+        "and the job's own arguments go after it",
+    )
     run.add_argument("job", help="path of the job's Python file")
     run.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)

@@ -92,13 +92,25 @@ class JobGraph:
             return ops
 
         src = names(self.source.uid, self.source.chain, self.keyed is None)
-        out = [VertexModel(id=self.source.uid, name=" -> ".join(src),
-                           parallelism=self.source.parallelism, operators=src)]
+        out = [
+            VertexModel(
+                id=self.source.uid,
+                name=" -> ".join(src),
+                parallelism=self.source.parallelism,
+                operators=src,
+            )
+        ]
         if self.keyed is not None:
             k = names(self.keyed.uid, self.keyed.chain, True)
-            out.append(VertexModel(id=self.keyed.uid, name=" -> ".join(k),
-                                   parallelism=self.keyed.parallelism, operators=k,
-                                   max_parallelism=self.keyed.max_parallelism))
+            out.append(
+                VertexModel(
+                    id=self.keyed.uid,
+                    name=" -> ".join(k),
+                    parallelism=self.keyed.parallelism,
+                    operators=k,
+                    max_parallelism=self.keyed.max_parallelism,
+                )
+            )
         return out
 
     def edges(self) -> list[tuple[str, str]]:
@@ -212,15 +224,22 @@ class KeyedStream:
         self._env.graph.keyed = vertex
         return DataStream(self._env, vertex.chain)
 
-    def count(self, uid: str, output: str = "count", emit: str = "every",
-              parallelism: int | None = None) -> DataStream:
+    def count(
+        self, uid: str, output: str = "count", emit: str = "every", parallelism: int | None = None
+    ) -> DataStream:
         """Running count per key, emitted as ``{<key field>: key, <output>: n}``."""
         return self._keyed(CountOperator(uid, self._selector, output, emit), parallelism)
 
-    def reduce(self, fn: Callable[[Any, Any], Any], uid: str, emit: str = "every",
-               parallelism: int | None = None) -> DataStream:
+    def reduce(
+        self,
+        fn: Callable[[Any, Any], Any],
+        uid: str,
+        emit: str = "every",
+        parallelism: int | None = None,
+    ) -> DataStream:
         return self._keyed(ReduceOperator(uid, self._selector, fn, emit), parallelism)
 
-    def process(self, fn: KeyedProcessFunction, uid: str,
-                parallelism: int | None = None) -> DataStream:
+    def process(
+        self, fn: KeyedProcessFunction, uid: str, parallelism: int | None = None
+    ) -> DataStream:
         return self._keyed(ProcessOperator(uid, self._selector, fn), parallelism)

@@ -37,7 +37,8 @@ class JobOptions:
     crash_after_checkpoint: int | None = None
     from_checkpoint: str | None = None
     local_dir: str = field(
-        default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint"))
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint")
+    )
     epoch_target_ms: float = 1000.0
     max_epoch_records: int = 4_000_000
     min_epoch_records: int = 1_000
@@ -81,7 +82,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-delay", type=float, default=1.0)
     p.add_argument("--max-inline-state", type=int, default=1 << 20)
     return p
-
 
 
 def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, list[str]]:

@@ -56,13 +56,19 @@ def latest_checkpoint_path(args: list[str], job_id: str) -> str | None:
     if options.checkpoint_dir is None:
         return None
     storage = checkpoint_storage_from_options(
-        options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes)
+        options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
+    )
     ids = storage.completed_checkpoint_ids(job_id)
     return storage.checkpoint_path(job_id, ids[-1]) if ids else None
 
 
-def supervise(job: str, job_args: Sequence[str], *, max_restarts: int = 3,
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
+def supervise(
+    job: str,
+    job_args: Sequence[str],
+    *,
+    max_restarts: int = 3,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+) -> int:
     """Run the job's driver in a child process, restarting it after a crash.
 
     Steps: (1) fix the job id, (2) run the driver, (3) on a crash find the latest
@@ -78,20 +84,23 @@ def supervise(job: str, job_args: Sequence[str], *, max_restarts: int = 3,
     restarts = 0
     while True:
         # Step 2
-        rc = subprocess.call([sys.executable, "-m", "sparkpoint.cli", "run", job, *args],
-                             env=env)
+        rc = subprocess.call([sys.executable, "-m", "sparkpoint.cli", "run", job, *args], env=env)
         if rc in DRIVER_EXITS:
             return rc
         # Step 3
         restarts += 1
         what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         if restarts > max_restarts:
-            log(f"sparkpoint run: driver of job {job_id} crashed ({what}) "
-                f"{restarts} times; giving up")
+            log(
+                f"sparkpoint run: driver of job {job_id} crashed ({what}) "
+                f"{restarts} times; giving up"
+            )
             return 1
         path = latest_checkpoint_path(args, job_id)
         args = _without(args, "--from-checkpoint")
         if path is not None:
             args += ["--from-checkpoint", path]
-        log(f"sparkpoint run: driver of job {job_id} crashed ({what}); restarting "
-            + (f"from {path}" if path else "from the beginning (no completed checkpoint)"))
+        log(
+            f"sparkpoint run: driver of job {job_id} crashed ({what}); restarting "
+            + (f"from {path}" if path else "from the beginning (no completed checkpoint)")
+        )

@@ -42,7 +42,7 @@ class ListSource(Source):
         return [f"list-{i}" for i in range(self.splits)]
 
     def _split(self, split: int) -> Sequence[Any]:
-        return self.records[split::self.splits]
+        return self.records[split :: self.splits]
 
     def total(self, split: int) -> int | None:
         return len(self._split(split))

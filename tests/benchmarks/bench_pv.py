@@ -33,8 +33,9 @@ from sparkpoint.runtime.spark import spark_session  # noqa: E402
 RESULTS = Path(__file__).parent / "results"
 
 
-def run_once(spark: object, base: str, name: str, events: int, apps: int,
-             interval_ms: int) -> dict[str, float]:
+def run_once(
+    spark: object, base: str, name: str, events: int, apps: int, interval_ms: int
+) -> dict[str, float]:
     out = os.path.join(base, name, "out")
     options = JobOptions(
         job_id=name,
@@ -45,19 +46,35 @@ def run_once(spark: object, base: str, name: str, events: int, apps: int,
         restart_strategy={"restart-strategy.type": "none"},
     )
     env = StreamExecutionEnvironment(options)
-    pv_count.build(env, ["--events", str(events), "--apps", str(apps), "--rate", "0",
-                         "--emit", "epoch", "--output", out])
+    pv_count.build(
+        env,
+        [
+            "--events",
+            str(events),
+            "--apps",
+            str(apps),
+            "--rate",
+            "0",
+            "--emit",
+            "epoch",
+            "--output",
+            out,
+        ],
+    )
     env.graph.name = "pv-bench"
     started = time.perf_counter()
     result = JobDriver(env.graph, options, spark=spark).run()
     wall = time.perf_counter() - started
     assert result.records == events, (result.records, events)
     assert result.events is not None
-    durations = sorted(c.end_to_end_duration_ms
-                       for c in result.events.of_type(CheckpointCompleted))
-    return {"seconds": wall, "events_per_s": events / wall, "epochs": result.epochs,
-            "checkpoints": len(result.completed_checkpoints),
-            "checkpoint_p50_ms": statistics.median(durations) if durations else 0.0}
+    durations = sorted(c.end_to_end_duration_ms for c in result.events.of_type(CheckpointCompleted))
+    return {
+        "seconds": wall,
+        "events_per_s": events / wall,
+        "epochs": result.epochs,
+        "checkpoints": len(result.completed_checkpoints),
+        "checkpoint_p50_ms": statistics.median(durations) if durations else 0.0,
+    }
 
 
 def main() -> int:
@@ -74,8 +91,9 @@ def main() -> int:
         configs = [("checkpoint every 1 s", 1000), ("no checkpoints", 0)]
         for i in range(args.repeats):
             for label, interval in configs if i % 2 == 0 else configs[::-1]:  # ABBA order
-                runs[label].append(run_once(spark, base, f"r{i}-{interval}", args.events,
-                                            args.apps, interval))
+                runs[label].append(
+                    run_once(spark, base, f"r{i}-{interval}", args.events, args.apps, interval)
+                )
     med = {k: statistics.median(r["events_per_s"] for r in v) for k, v in runs.items()}
     ratio = med["checkpoint every 1 s"] / med["no checkpoints"]
     rows = [
@@ -84,21 +102,31 @@ def main() -> int:
         "|---|---:|---|---:|---:|---:|",
     ]
     for label, rs in runs.items():
-        rows.append(f"| {label} | {med[label]:,.0f} | "
-                    + ", ".join(f"{r['events_per_s']:,.0f}" for r in rs)
-                    + f" | {rs[-1]['epochs']:.0f} | {rs[-1]['checkpoints']:.0f} "
-                    + f"| {statistics.median(r['checkpoint_p50_ms'] for r in rs):.0f} ms |")
-    rows.append(f"\nthroughput with checkpoints / without: **{ratio:.3f}** "
-                f"(cost of checkpointing every 1 s: {100 * (1 - ratio):.1f}%)")
-    header = (f"PV count, {args.events:,} events, {args.apps} apps, --emit epoch, "
-              f"{os.cpu_count()} cores, {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+        rows.append(
+            f"| {label} | {med[label]:,.0f} | "
+            + ", ".join(f"{r['events_per_s']:,.0f}" for r in rs)
+            + f" | {rs[-1]['epochs']:.0f} | {rs[-1]['checkpoints']:.0f} "
+            + f"| {statistics.median(r['checkpoint_p50_ms'] for r in rs):.0f} ms |"
+        )
+    rows.append(
+        f"\nthroughput with checkpoints / without: **{ratio:.3f}** "
+        f"(cost of checkpointing every 1 s: {100 * (1 - ratio):.1f}%)"
+    )
+    header = (
+        f"PV count, {args.events:,} events, {args.apps} apps, --emit epoch, "
+        f"{os.cpu_count()} cores, {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
     table = header + "\n\n" + "\n".join(rows)
     print(table)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "pv_throughput.md").write_text(table + "\n")
-    (RESULTS / "pv_throughput.json").write_text(json.dumps(
-        {"events": args.events, "apps": args.apps, "runs": runs, "median": med,
-         "ratio": ratio}, indent=2) + "\n")
+    (RESULTS / "pv_throughput.json").write_text(
+        json.dumps(
+            {"events": args.events, "apps": args.apps, "runs": runs, "median": med, "ratio": ratio},
+            indent=2,
+        )
+        + "\n"
+    )
     spark.stop()
     return 0
 

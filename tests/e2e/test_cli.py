@@ -21,36 +21,84 @@ pytestmark = pytest.mark.spark
 def _sparkpoint(*args: str) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("sparkpoint")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run([str(exe), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    return subprocess.run(
+        [str(exe), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_run_with_fail_after_recovers_and_commits_exactly_once(tmp_path: Path) -> None:
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
     proc = _sparkpoint(
-        "run", "jobs/examples/pv_count.py", "--standalone",
-        "--checkpoint-dir", f"file://{tmp_path / 'chk'}", "--checkpoint-interval", "0.2",
-        "--max-epoch-records", "1000", "--local-dir", str(tmp_path / "local"),
-        "--restart-delay", "0", "--events-log", str(events),
-        "--events", "12000", "--apps", "7", "--rate", "0", "--fail-after", "2500",
-        "--output", str(out))
+        "run",
+        "jobs/examples/pv_count.py",
+        "--standalone",
+        "--checkpoint-dir",
+        f"file://{tmp_path / 'chk'}",
+        "--checkpoint-interval",
+        "0.2",
+        "--max-epoch-records",
+        "1000",
+        "--local-dir",
+        str(tmp_path / "local"),
+        "--restart-delay",
+        "0",
+        "--events-log",
+        str(events),
+        "--events",
+        "12000",
+        "--apps",
+        "7",
+        "--rate",
+        "0",
+        "--fail-after",
+        "2500",
+        "--output",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FINISHED" in proc.stdout and "1 restores" in proc.stdout
     assert line_counts(str(out)) == expected_every_lines()
     types = [json.loads(line)["type"] for line in events.read_text().splitlines()]
-    for kind in ("job_registered", "checkpoint_triggered", "barrier_injected", "barrier_received",
-                 "alignment_completed", "snapshot_completed", "sink_pre_committed",
-                 "checkpoint_completed", "sink_committed", "task_failed", "job_restored",
-                 "heartbeat", "job_status"):
+    for kind in (
+        "job_registered",
+        "checkpoint_triggered",
+        "barrier_injected",
+        "barrier_received",
+        "alignment_completed",
+        "snapshot_completed",
+        "sink_pre_committed",
+        "checkpoint_completed",
+        "sink_committed",
+        "task_failed",
+        "job_restored",
+        "heartbeat",
+        "job_status",
+    ):
         assert kind in types, kind
-    statuses = [json.loads(line)["payload"]["status"] for line in events.read_text().splitlines()
-                if json.loads(line)["type"] == "job_status"]
+    statuses = [
+        json.loads(line)["payload"]["status"]
+        for line in events.read_text().splitlines()
+        if json.loads(line)["type"] == "job_status"
+    ]
     assert statuses == ["RUNNING", "RESTARTING", "RUNNING", "FINISHED"]
 
 
 def test_invalid_option_exits_2_naming_it(tmp_path: Path) -> None:
-    proc = _sparkpoint("run", "jobs/examples/pv_count.py", "--standalone",
-                       "--checkpoint-interval", "-1", "--output", str(tmp_path))
+    proc = _sparkpoint(
+        "run",
+        "jobs/examples/pv_count.py",
+        "--standalone",
+        "--checkpoint-interval",
+        "-1",
+        "--output",
+        str(tmp_path),
+    )
     assert proc.returncode == 2
     assert "--checkpoint-interval must be >= 0 seconds, got -1.0" in proc.stderr
 
@@ -64,19 +112,43 @@ def test_missing_job_file_exits_2(tmp_path: Path) -> None:
 def test_a_killed_driver_is_restarted_from_its_latest_checkpoint(tmp_path: Path) -> None:
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
     proc = _sparkpoint(
-        "run", "jobs/examples/pv_count.py", "--standalone", "--job-id", "crashy",
-        "--checkpoint-dir", f"file://{tmp_path / 'chk'}", "--checkpoint-interval", "0.2",
-        "--max-epoch-records", "1000", "--local-dir", str(tmp_path / "local"),
-        "--events-log", str(events), "--crash-after-checkpoint", "3",
-        "--events", "12000", "--apps", "7", "--rate", "0", "--output", str(out))
+        "run",
+        "jobs/examples/pv_count.py",
+        "--standalone",
+        "--job-id",
+        "crashy",
+        "--checkpoint-dir",
+        f"file://{tmp_path / 'chk'}",
+        "--checkpoint-interval",
+        "0.2",
+        "--max-epoch-records",
+        "1000",
+        "--local-dir",
+        str(tmp_path / "local"),
+        "--events-log",
+        str(events),
+        "--crash-after-checkpoint",
+        "3",
+        "--events",
+        "12000",
+        "--apps",
+        "7",
+        "--rate",
+        "0",
+        "--output",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "driver of job crashy crashed (signal 9); restarting from file://" in proc.stderr
     assert "chk-3" in proc.stderr
     # Checkpoint 3 completed but its sink never committed before the crash: the new driver
     # committed it on restore, and the output is exactly the source's.
     assert line_counts(str(out)) == expected_every_lines()
-    restored = [json.loads(line) for line in events.read_text().splitlines()
-                if json.loads(line)["type"] == "job_restored"]
+    restored = [
+        json.loads(line)
+        for line in events.read_text().splitlines()
+        if json.loads(line)["type"] == "job_restored"
+    ]
     assert [r["payload"]["checkpoint_id"] for r in restored] == [3]
     assert restored[0]["attempt"] == 2
     assert restored[0]["payload"]["committed_transactions"] == 2
@@ -86,11 +158,32 @@ def test_two_executor_jvms_recover_exactly_once(tmp_path: Path) -> None:
     """``local-cluster`` starts two executor JVMs: subtasks land on either, epoch by epoch."""
     out = tmp_path / "out"
     proc = _sparkpoint(
-        "run", "jobs/examples/pv_count.py", "--standalone", "--master", "local-cluster[2,1,1024]",
-        "--checkpoint-dir", f"file://{tmp_path / 'chk'}", "--checkpoint-interval", "0.2",
-        "--max-epoch-records", "1000", "--local-dir", str(tmp_path / "local"),
-        "--restart-delay", "0", "--events", "12000", "--apps", "7", "--rate", "0",
-        "--fail-after", "2500", "--output", str(out))
+        "run",
+        "jobs/examples/pv_count.py",
+        "--standalone",
+        "--master",
+        "local-cluster[2,1,1024]",
+        "--checkpoint-dir",
+        f"file://{tmp_path / 'chk'}",
+        "--checkpoint-interval",
+        "0.2",
+        "--max-epoch-records",
+        "1000",
+        "--local-dir",
+        str(tmp_path / "local"),
+        "--restart-delay",
+        "0",
+        "--events",
+        "12000",
+        "--apps",
+        "7",
+        "--rate",
+        "0",
+        "--fail-after",
+        "2500",
+        "--output",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 restores" in proc.stdout
     assert line_counts(str(out)) == expected_every_lines()

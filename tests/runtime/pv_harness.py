@@ -23,18 +23,32 @@ APPS = 7
 EPOCH_RECORDS = 1_000  # per split: 6 epochs, a checkpoint in each
 
 
-def run_pv(spark: Any, base: Path, name: str, *, mode: str = "exactly_once",
-           failure: FailureInjection | None = None, emit: str = "every",
-           storage: str = "filesystem", events: int = EVENTS, parallelism: int = 2,
-           interval_ms: int = 1, splits: int = 2, from_checkpoint: str | None = None,
-           restart: str = "fixed-delay", max_inline: int = 1 << 20,
-           out: str | None = None) -> tuple[JobResult, str]:
+def run_pv(
+    spark: Any,
+    base: Path,
+    name: str,
+    *,
+    mode: str = "exactly_once",
+    failure: FailureInjection | None = None,
+    emit: str = "every",
+    storage: str = "filesystem",
+    events: int = EVENTS,
+    parallelism: int = 2,
+    interval_ms: int = 1,
+    splits: int = 2,
+    from_checkpoint: str | None = None,
+    restart: str = "fixed-delay",
+    max_inline: int = 1 << 20,
+    out: str | None = None,
+) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory."""
     out = out or str(base / name / "out")
     restart_conf = {"restart-strategy.type": restart}
     if restart == "fixed-delay":
-        restart_conf |= {"restart-strategy.fixed-delay.attempts": "2",
-                         "restart-strategy.fixed-delay.delay": "0 ms"}
+        restart_conf |= {
+            "restart-strategy.fixed-delay.attempts": "2",
+            "restart-strategy.fixed-delay.delay": "0 ms",
+        }
     options = JobOptions(
         job_id=f"pv-{name}",
         checkpoint=CheckpointConfig(mode=CheckpointingMode(mode), interval_ms=interval_ms),
@@ -49,8 +63,23 @@ def run_pv(spark: Any, base: Path, name: str, *, mode: str = "exactly_once",
         max_inline_state_bytes=max_inline,
     )
     env = StreamExecutionEnvironment(options)
-    pv_count.build(env, ["--events", str(events), "--apps", str(APPS), "--rate", "0",
-                         "--splits", str(splits), "--emit", emit, "--output", out])
+    pv_count.build(
+        env,
+        [
+            "--events",
+            str(events),
+            "--apps",
+            str(APPS),
+            "--rate",
+            "0",
+            "--splits",
+            str(splits),
+            "--emit",
+            emit,
+            "--output",
+            out,
+        ],
+    )
     env.graph.name = "pv-count"
     result = JobDriver(env.graph, options, spark=spark, failure=failure).run()
     return result, out
@@ -68,7 +97,9 @@ def expected_every_lines(events: int = EVENTS) -> Counter[str]:
     """With ``--emit every``: one line per event, pv 1..n for an app with n events."""
     return Counter(
         f'{{"app_id": "{app}", "pv": {k}}}'
-        for app, n in true_counts(events).items() for k in range(1, n + 1))
+        for app, n in true_counts(events).items()
+        for k in range(1, n + 1)
+    )
 
 
 def hidden_files(out: str) -> list[str]:

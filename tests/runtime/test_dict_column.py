@@ -99,14 +99,18 @@ def test_batches_mix_dict_columns_and_arrays() -> None:
 
 
 @pytest.mark.parametrize("max_parallelism", [1, 7, 128, 32768])
-@pytest.mark.parametrize("values", [
-    np.array(["app-0", "app-1", "", "ünïcode", "app-1"]),
-    np.array([b"a", b"bb", b"ccc"]),
-    np.array([0, -1, 2**40, 7], dtype=np.int64),
-    np.array([True, False]),
-    np.array([0.5, 2.0, float("nan")]),
-    _objects(1, 1.0, True, "a", None, (1, "b"), 2**70),
-], ids=["str", "bytes", "int", "bool", "float", "object"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array(["app-0", "app-1", "", "ünïcode", "app-1"]),
+        np.array([b"a", b"bb", b"ccc"]),
+        np.array([0, -1, 2**40, 7], dtype=np.int64),
+        np.array([True, False]),
+        np.array([0.5, 2.0, float("nan")]),
+        _objects(1, 1.0, True, "a", None, (1, "b"), 2**70),
+    ],
+    ids=["str", "bytes", "int", "bool", "float", "object"],
+)
 def test_key_groups_of_a_dict_column_equal_the_scalar_key_group(
     values: np.ndarray, max_parallelism: int
 ) -> None:
@@ -170,13 +174,17 @@ def test_count_per_epoch_of_a_dict_column_equals_the_plain_array_path() -> None:
 # ----------------------------------------------------------------------------- sink and source
 
 
-@pytest.mark.parametrize("values", [
-    np.array(['a"b', "c", "ünï\n", "\\"]),
-    np.array([1, -20, 2**62], dtype=np.int64),
-    np.array([True, False]),
-    np.array([0.5, 1e300, float("nan")]),
-    _objects(3, 1.5, 2**70, -1, np.int64(4)),
-], ids=["str", "int", "bool", "float", "object"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array(['a"b', "c", "ünï\n", "\\"]),
+        np.array([1, -20, 2**62], dtype=np.int64),
+        np.array([True, False]),
+        np.array([0.5, 1e300, float("nan")]),
+        _objects(3, 1.5, 2**70, -1, np.int64(4)),
+    ],
+    ids=["str", "int", "bool", "float", "object"],
+)
 def test_json_lines_of_a_dict_column_are_byte_identical(values: np.ndarray) -> None:
     rng = np.random.default_rng(0)
     col = DictColumn(rng.integers(0, len(values), size=50), values)
@@ -192,7 +200,8 @@ def test_json_lines_of_a_dict_column_are_byte_identical(values: np.ndarray) -> N
 def test_json_lines_of_a_dict_column_need_no_ordering_of_its_values() -> None:
     col = DictColumn(np.array([0, 1, 2, 1]), _objects("s", 3, None))
     assert format_json_lines(Batch.of_columns(k=col)) == (
-        '{"k": "s"}\n{"k": 3}\n{"k": null}\n{"k": 3}\n')
+        '{"k": "s"}\n{"k": 3}\n{"k": null}\n{"k": 3}\n'
+    )
 
 
 def test_json_lines_escape_braces_in_field_names() -> None:

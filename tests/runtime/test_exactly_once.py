@@ -52,21 +52,34 @@ def latest_completed_before_failure(result: JobResult) -> int | None:
 @pytest.mark.parametrize(
     ("failure", "restores_a_checkpoint"),
     [
-        pytest.param(FailureInjection("source", subtask=0, offset=300), False,
-                     id="before-first-checkpoint"),
-        pytest.param(FailureInjection("keyed", subtask=1, records=200, at_epoch=3), True,
-                     id="mid-epoch"),
-        pytest.param(FailureInjection("after_pre_commit", subtask=0, checkpoint_id=3), True,
-                     id="after-pre-commit-before-commit"),
-        pytest.param(FailureInjection("before_commit", checkpoint_id=3), True,
-                     id="checkpoint-completed-before-sink-commit"),
-        pytest.param(FailureInjection("alignment", subtask=1, checkpoint_id=2), True,
-                     id="during-alignment"),
+        pytest.param(
+            FailureInjection("source", subtask=0, offset=300), False, id="before-first-checkpoint"
+        ),
+        pytest.param(
+            FailureInjection("keyed", subtask=1, records=200, at_epoch=3), True, id="mid-epoch"
+        ),
+        pytest.param(
+            FailureInjection("after_pre_commit", subtask=0, checkpoint_id=3),
+            True,
+            id="after-pre-commit-before-commit",
+        ),
+        pytest.param(
+            FailureInjection("before_commit", checkpoint_id=3),
+            True,
+            id="checkpoint-completed-before-sink-commit",
+        ),
+        pytest.param(
+            FailureInjection("alignment", subtask=1, checkpoint_id=2), True, id="during-alignment"
+        ),
     ],
 )
-def test_exactly_once_after_failure(spark: Any, tmp_path: Path, baseline: Counter[str],
-                                    failure: FailureInjection,
-                                    restores_a_checkpoint: bool) -> None:
+def test_exactly_once_after_failure(
+    spark: Any,
+    tmp_path: Path,
+    baseline: Counter[str],
+    failure: FailureInjection,
+    restores_a_checkpoint: bool,
+) -> None:
     result, out = run_pv(spark, tmp_path, "failed", failure=failure)
     assert result.status is JobStatus.FINISHED
     restored = latest_completed_before_failure(result)
@@ -82,7 +95,8 @@ def test_exactly_once_after_failure(spark: Any, tmp_path: Path, baseline: Counte
 
 
 def test_at_least_once_mode_duplicates_after_the_same_failure(
-        spark: Any, tmp_path: Path, baseline: Counter[str]) -> None:
+    spark: Any, tmp_path: Path, baseline: Counter[str]
+) -> None:
     failure = FailureInjection("keyed", subtask=1, records=200, at_epoch=3)
     result, out = run_pv(spark, tmp_path, "alo", mode="at_least_once", failure=failure)
     assert result.restores == [latest_completed_before_failure(result)]
@@ -98,8 +112,9 @@ def test_at_least_once_mode_duplicates_after_the_same_failure(
     assert any(final_pv[a] > truth[a] for a in truth)
 
 
-def test_at_least_once_mode_without_failure_is_exact(spark: Any, tmp_path: Path,
-                                                     baseline: Counter[str]) -> None:
+def test_at_least_once_mode_without_failure_is_exact(
+    spark: Any, tmp_path: Path, baseline: Counter[str]
+) -> None:
     result, out = run_pv(spark, tmp_path, "alo-ok", mode="at_least_once")
     assert result.restores == []
     assert line_counts(out) == baseline

@@ -20,9 +20,21 @@ from sparkpoint.testing import ListSource
 
 
 def test_product_options_and_job_arguments_are_split() -> None:
-    opts, rest = parse_job_options([
-        "--standalone", "--checkpoint-interval", "1.5", "--events", "10",
-        "--mode", "at_least_once", "--checkpoint-dir", "file:///tmp/c", "--output", "o"])
+    opts, rest = parse_job_options(
+        [
+            "--standalone",
+            "--checkpoint-interval",
+            "1.5",
+            "--events",
+            "10",
+            "--mode",
+            "at_least_once",
+            "--checkpoint-dir",
+            "file:///tmp/c",
+            "--output",
+            "o",
+        ]
+    )
     assert rest == ["--events", "10", "--output", "o"]
     assert opts.checkpoint.interval_ms == 1500
     assert opts.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE

@@ -19,13 +19,18 @@ pytestmark = pytest.mark.spark
 
 
 def test_checkpoints_that_outlive_the_timeout_expire_and_fail_the_job(
-        spark: Any, tmp_path: Path) -> None:
+    spark: Any, tmp_path: Path
+) -> None:
     options = JobOptions(
         job_id="expiring",
         checkpoint=CheckpointConfig(interval_ms=1, timeout_ms=1, tolerable_failures=2),
-        checkpoint_dir=f"file://{tmp_path / 'chk'}", checkpoint_storage="filesystem",
-        local_dir=str(tmp_path / "local"), max_epoch_records=500, min_epoch_records=500,
-        restart_strategy={"restart-strategy.type": "none"})
+        checkpoint_dir=f"file://{tmp_path / 'chk'}",
+        checkpoint_storage="filesystem",
+        local_dir=str(tmp_path / "local"),
+        max_epoch_records=500,
+        min_epoch_records=500,
+        restart_strategy={"restart-strategy.type": "none"},
+    )
     env = StreamExecutionEnvironment(options)
     out = str(tmp_path / "out")
     pv_count.build(env, ["--events", "4000", "--rate", "0", "--output", out])

@@ -40,15 +40,22 @@ class Sessionize(KeyedProcessFunction):
         self.count.update(self.count.value() + 1)
         self.recent.update([*self.recent.get(), value["page"]][-3:])
         self.pages.put(value["page"], (self.pages.get(value["page"]) or 0) + 1)
-        yield {"user": ctx.current_key, "n": self.count.value(),
-               "distinct": len(list(self.pages.keys())), "last": self.recent.get()}
+        yield {
+            "user": ctx.current_key,
+            "n": self.count.value(),
+            "distinct": len(list(self.pages.keys())),
+            "last": self.recent.get(),
+        }
 
 
 def _write_inputs(base: Path) -> list[str]:
     paths = []
     for f in range(3):  # user u<i> lives in file i % 3, so each key has one channel
-        lines = [json.dumps({"user": f"u{u}", "page": PAGES[(u * 7 + k) % 5]})
-                 for k in range(40) for u in range(f, 15, 3)]
+        lines = [
+            json.dumps({"user": f"u{u}", "page": PAGES[(u * 7 + k) % 5]})
+            for k in range(40)
+            for u in range(f, 15, 3)
+        ]
         path = base / f"events-{f}.jsonl"
         path.write_text("\n".join(lines) + "\n")
         paths.append(str(path))
@@ -67,26 +74,36 @@ def _expected(paths: list[str]) -> Counter[str]:
             recent = [*recent, e["page"]][-3:]
             pages = {**pages, e["page"]: pages.get(e["page"], 0) + 1}
             fn_state[e["user"]] = (n + 1, recent, pages)
-            out[json.dumps({"user": e["user"], "n": n + 1, "distinct": len(pages),
-                            "last": recent})] += 1
+            out[
+                json.dumps({"user": e["user"], "n": n + 1, "distinct": len(pages), "last": recent})
+            ] += 1
     return out
 
 
 def _run(spark: Any, base: Path, paths: list[str], failure: FailureInjection | None) -> str:
     out = str(base / "out")
     options = JobOptions(
-        job_id=base.name, checkpoint=CheckpointConfig(interval_ms=1),
-        checkpoint_dir=f"file://{base / 'chk'}", checkpoint_storage="filesystem",
-        local_dir=str(base / "local"), parallelism=2, max_epoch_records=60,
+        job_id=base.name,
+        checkpoint=CheckpointConfig(interval_ms=1),
+        checkpoint_dir=f"file://{base / 'chk'}",
+        checkpoint_storage="filesystem",
+        local_dir=str(base / "local"),
+        parallelism=2,
+        max_epoch_records=60,
         min_epoch_records=60,
-        restart_strategy={"restart-strategy.type": "fixed-delay",
-                          "restart-strategy.fixed-delay.delay": "0 ms"})
+        restart_strategy={
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.delay": "0 ms",
+        },
+    )
     env = StreamExecutionEnvironment(options)
-    (env.from_source(FileSource(tuple(paths)), uid="events")
+    (
+        env.from_source(FileSource(tuple(paths)), uid="events")
         .filter(lambda e: e["page"] != "x", uid="drop-x")
         .key_by("user")
         .process(Sessionize(), uid="sessions")
-        .sink_to(FileSink(out), uid="sink"))
+        .sink_to(FileSink(out), uid="sink")
+    )
     env.graph.name = "sessions"
     result = JobDriver(env.graph, options, spark=spark, failure=failure).run()
     assert len(result.restores) == (0 if failure is None else 1)
@@ -98,6 +115,10 @@ def test_keyed_process_function_state_is_exactly_once(spark: Any, tmp_path: Path
     expected = _expected(paths)
     clean = _run(spark, tmp_path / "clean", paths, None)
     assert line_counts(clean) == expected
-    failed = _run(spark, tmp_path / "failed", paths,
-                  FailureInjection("keyed", subtask=1, records=20, at_epoch=2))
+    failed = _run(
+        spark,
+        tmp_path / "failed",
+        paths,
+        FailureInjection("keyed", subtask=1, records=20, at_epoch=2),
+    )
     assert line_counts(failed) == expected

@@ -11,12 +11,28 @@ from sparkpoint import protocol as p
 
 def _ack_envelope() -> p.Envelope:
     ack = p.SnapshotCompleted(
-        checkpoint_id=4127, operator_id="pv", subtask=1, epoch=9, ack_timestamp=5,
-        start_delay_ms=1.5, alignment_duration_ms=2, alignment_buffered_bytes=10,
-        sync_duration_ms=0.3, async_duration_ms=4, state_size=100, checkpointed_size=100,
-        handles=[p.StateHandleModel(path="file:///c/chk-4127/pv-1", size=100,
-                                    checksum="sha256:ab", key_group_start=64,
-                                    key_group_end=127)])
+        checkpoint_id=4127,
+        operator_id="pv",
+        subtask=1,
+        epoch=9,
+        ack_timestamp=5,
+        start_delay_ms=1.5,
+        alignment_duration_ms=2,
+        alignment_buffered_bytes=10,
+        sync_duration_ms=0.3,
+        async_duration_ms=4,
+        state_size=100,
+        checkpointed_size=100,
+        handles=[
+            p.StateHandleModel(
+                path="file:///c/chk-4127/pv-1",
+                size=100,
+                checksum="sha256:ab",
+                key_group_start=64,
+                key_group_end=127,
+            )
+        ],
+    )
     return p.envelope("job-1", 3, 1_700_000_000_000, ack)
 
 
@@ -42,13 +58,20 @@ def test_unknown_fields_are_ignored() -> None:
     [
         (b"not json", "malformed message"),
         (b'{"type": "heartbeat"}', "malformed message: job_id: Field required"),
-        (b'{"type": "teleport", "job_id": "j", "attempt": 1, "timestamp": 1, "payload": {}}',
-         "unknown message type 'teleport' (job j)"),
-        (b'{"type": "checkpoint_declined", "job_id": "j", "attempt": 1, "timestamp": 1,'
-         b' "payload": {"checkpoint_id": 0, "operator_id": "pv", "subtask": 0, "reason": "x"}}',
-         "invalid checkpoint_declined payload for job j: checkpoint_id: Input should be"),
-        (b'{"v": 99, "type": "heartbeat", "job_id": "j", "attempt": 1, "timestamp": 1,'
-         b' "payload": {}}', "schema version 99 is newer than 1"),
+        (
+            b'{"type": "teleport", "job_id": "j", "attempt": 1, "timestamp": 1, "payload": {}}',
+            "unknown message type 'teleport' (job j)",
+        ),
+        (
+            b'{"type": "checkpoint_declined", "job_id": "j", "attempt": 1, "timestamp": 1,'
+            b' "payload": {"checkpoint_id": 0, "operator_id": "pv", "subtask": 0, "reason": "x"}}',
+            "invalid checkpoint_declined payload for job j: checkpoint_id: Input should be",
+        ),
+        (
+            b'{"v": 99, "type": "heartbeat", "job_id": "j", "attempt": 1, "timestamp": 1,'
+            b' "payload": {}}',
+            "schema version 99 is newer than 1",
+        ),
     ],
 )
 def test_bad_messages_raise_protocol_error_naming_the_problem(raw: bytes, message: str) -> None:
@@ -58,8 +81,11 @@ def test_bad_messages_raise_protocol_error_naming_the_problem(raw: bytes, messag
 
 
 def test_messages_above_the_size_limit_are_refused() -> None:
-    with pytest.raises(p.ProtocolError, match=r"snapshot_completed message of job job-1 is \d+ "
-                                              r"bytes, above the 100-byte limit"):
+    with pytest.raises(
+        p.ProtocolError,
+        match=r"snapshot_completed message of job job-1 is \d+ "
+        r"bytes, above the 100-byte limit",
+    ):
         p.encode(_ack_envelope(), max_bytes=100)
 
 

@@ -24,12 +24,15 @@ pytestmark = pytest.mark.spark
 
 def _chk_dirs(base: Path, job: str) -> list[Path]:
     root = base / job / "chk" / f"pv-{job}"
-    return sorted((d for d in root.glob("chk-*") if (d / "_metadata").exists()),
-                  key=lambda d: int(d.name.split("-")[1]))
+    return sorted(
+        (d for d in root.glob("chk-*") if (d / "_metadata").exists()),
+        key=lambda d: int(d.name.split("-")[1]),
+    )
 
 
 def test_final_checkpoint_state_restores_to_the_true_counts_at_any_parallelism(
-        spark: Any, tmp_path: Path) -> None:
+    spark: Any, tmp_path: Path
+) -> None:
     result, _ = run_pv(spark, tmp_path, "final")
     final = _chk_dirs(tmp_path, "final")[-1]
     assert int(final.name.split("-")[1]) == result.completed_checkpoints[-1]
@@ -43,7 +46,8 @@ def test_final_checkpoint_state_restores_to_the_true_counts_at_any_parallelism(
         merged: dict[str, int] = {}
         for sub in range(parallelism):
             backend = HashMapKeyedStateBackend.restore(
-                blobs, 128, key_group_range(sub, parallelism, 128))
+                blobs, 128, key_group_range(sub, parallelism, 128)
+            )
             table = backend.table("count")
             assert not set(table) & set(merged)  # every key on exactly one subtask
             merged.update(table)
@@ -53,19 +57,27 @@ def test_final_checkpoint_state_restores_to_the_true_counts_at_any_parallelism(
 
 
 def test_restore_from_checkpoint_path_in_a_new_driver_with_new_parallelism(
-        spark: Any, tmp_path: Path) -> None:
+    spark: Any, tmp_path: Path
+) -> None:
     # Run 1 fails for good (no restart) late in its input, after several checkpoints.
     out = str(tmp_path / "out")
     with pytest.raises(JobFailedError, match="injected failure"):
-        run_pv(spark, tmp_path, "first", restart="none", out=out,
-               failure=FailureInjection("source", subtask=1, offset=4500))
+        run_pv(
+            spark,
+            tmp_path,
+            "first",
+            restart="none",
+            out=out,
+            failure=FailureInjection("source", subtask=1, offset=4500),
+        )
     first_lines = sum(line_counts(out).values())
     assert 0 < first_lines < 12_000
     assert hidden_files(out)  # its open transactions were left behind
     latest = _chk_dirs(tmp_path, "first")[-1]
     # Run 2: a new driver, three keyed subtasks, restored from the checkpoint's path.
-    result, _ = run_pv(spark, tmp_path, "second", out=out, parallelism=3,
-                       from_checkpoint=f"file://{latest}")
+    result, _ = run_pv(
+        spark, tmp_path, "second", out=out, parallelism=3, from_checkpoint=f"file://{latest}"
+    )
     assert result.status is JobStatus.FINISHED
     assert result.restores == [int(latest.name.split("-")[1])]
     assert line_counts(out) == expected_every_lines()
@@ -73,14 +85,18 @@ def test_restore_from_checkpoint_path_in_a_new_driver_with_new_parallelism(
 
 
 def test_inline_jobmanager_storage_is_exactly_once(spark: Any, tmp_path: Path) -> None:
-    result, out = run_pv(spark, tmp_path, "inline", storage="jobmanager",
-                         failure=FailureInjection("keyed", subtask=0, records=100, at_epoch=2))
+    result, out = run_pv(
+        spark,
+        tmp_path,
+        "inline",
+        storage="jobmanager",
+        failure=FailureInjection("keyed", subtask=0, records=100, at_epoch=2),
+    )
     assert result.restores and result.restores[0] is not None
     assert line_counts(out) == expected_every_lines()
 
 
-def test_state_above_the_inline_limit_declines_with_the_reason(spark: Any,
-                                                              tmp_path: Path) -> None:
+def test_state_above_the_inline_limit_declines_with_the_reason(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(JobFailedError, match="tolerable failure threshold"):
         run_pv(spark, tmp_path, "big", storage="jobmanager", max_inline=64, restart="none")
     _, out = tmp_path / "big", str(tmp_path / "big" / "out")
@@ -95,8 +111,9 @@ def test_corrupt_snapshot_is_refused_naming_the_file(spark: Any, tmp_path: Path)
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
     with pytest.raises(JobFailedError) as err:
-        run_pv(spark, tmp_path, "restored", restart="none", out=out,
-               from_checkpoint=f"file://{latest}")
+        run_pv(
+            spark, tmp_path, "restored", restart="none", out=out, from_checkpoint=f"file://{latest}"
+        )
     message = str(err.value)
     assert "CorruptSnapshotError" in message
     assert urlparse(f"file://{victim}").path in message or os.fspath(victim) in message

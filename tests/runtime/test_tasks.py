@@ -24,26 +24,44 @@ from sparkpoint.testing import ListSource
 
 def _graph(tmp_path: Path, records: list[dict[str, Any]]) -> Any:
     env = StreamExecutionEnvironment(JobOptions(job_id="tasks", parallelism=1))
-    (env.from_source(ListSource(tuple(records), splits=2), uid="src")
-        .key_by("k").count(uid="cnt", output="n")
-        .sink_to(FileSink(str(tmp_path / "out")), uid="sink"))
+    (
+        env.from_source(ListSource(tuple(records), splits=2), uid="src")
+        .key_by("k")
+        .count(uid="cnt", output="n")
+        .sink_to(FileSink(str(tmp_path / "out")), uid="sink")
+    )
     return env.graph
 
 
-def _plan(tmp_path: Path, mode: CheckpointingMode, barrier_offset: int = 2,
-          failure: FailureInjection | None = None,
-          state: StateInput | None = None) -> EpochPlan:
+def _plan(
+    tmp_path: Path,
+    mode: CheckpointingMode,
+    barrier_offset: int = 2,
+    failure: FailureInjection | None = None,
+    state: StateInput | None = None,
+) -> EpochPlan:
     return EpochPlan(
-        job_id="tasks", job_name="t", attempt=1, epoch=0, mode=mode,
-        ranges=(SplitRange(0, "list-0", 0, 4, barrier_offset),
-                SplitRange(1, "list-1", 0, 4, barrier_offset)),
-        barrier=CheckpointBarrier(1, 0), state_inputs=(state or StateInput(),),
-        committed_up_to=0, storage=FileSystemCheckpointStorage(str(tmp_path / "chk")),
-        local_dir=str(tmp_path / "local"), failure=failure)
+        job_id="tasks",
+        job_name="t",
+        attempt=1,
+        epoch=0,
+        mode=mode,
+        ranges=(
+            SplitRange(0, "list-0", 0, 4, barrier_offset),
+            SplitRange(1, "list-1", 0, 4, barrier_offset),
+        ),
+        barrier=CheckpointBarrier(1, 0),
+        state_inputs=(state or StateInput(),),
+        committed_up_to=0,
+        storage=FileSystemCheckpointStorage(str(tmp_path / "chk")),
+        local_dir=str(tmp_path / "local"),
+        failure=failure,
+    )
 
 
-def _run(tmp_path: Path, mode: CheckpointingMode, order: tuple[int, int] = (0, 1),
-         **kw: Any) -> tuple[Any, Any]:
+def _run(
+    tmp_path: Path, mode: CheckpointingMode, order: tuple[int, int] = (0, 1), **kw: Any
+) -> tuple[Any, Any]:
     # Channel 0 holds keys a,a,a,a; channel 1 holds b,b,b,b (round-robin over 2 splits).
     records = [{"k": k} for pair in zip("aaaa", "bbbb", strict=True) for k in pair]
     graph = _graph(tmp_path, records)
@@ -93,13 +111,17 @@ def test_sink_pre_commits_the_lines_before_the_barrier(tmp_path: Path) -> None:
     assert keyed.acks[0].sink_transactions == [pre.transaction]
     part = tmp_path / "out" / pre.transaction.parts[0]
     assert sorted(part.read_text().splitlines()) == sorted(
-        ['{"k": "a", "n": 1}', '{"k": "a", "n": 2}', '{"k": "b", "n": 1}', '{"k": "b", "n": 2}'])
+        ['{"k": "a", "n": 1}', '{"k": "a", "n": 2}', '{"k": "b", "n": 1}', '{"k": "b", "n": 2}']
+    )
 
 
 def test_alignment_failure_is_raised_while_aligning(tmp_path: Path) -> None:
     with pytest.raises(InjectedFailure, match="while aligning checkpoint 1"):
-        _run(tmp_path, CheckpointingMode.EXACTLY_ONCE,
-             failure=FailureInjection("alignment", subtask=0, checkpoint_id=1))
+        _run(
+            tmp_path,
+            CheckpointingMode.EXACTLY_ONCE,
+            failure=FailureInjection("alignment", subtask=0, checkpoint_id=1),
+        )
 
 
 def test_a_working_state_version_that_is_not_on_disk_is_never_reused(tmp_path: Path) -> None:

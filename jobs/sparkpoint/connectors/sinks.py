@@ -157,7 +157,9 @@ class _FileSinkWriter(SinkWriter):
         self._close_part()
         txn = self._txn
         sealed = SinkTransactionModel(
-            transaction_id=txn.transaction_id, parts=list(txn.parts), records=txn.records,
+            transaction_id=txn.transaction_id,
+            parts=list(txn.parts),
+            records=txn.records,
             bytes=txn.bytes,
         )
         self._txn = self._begin()

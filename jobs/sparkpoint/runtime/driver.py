@@ -64,9 +64,16 @@ class JobResult:
 class JobDriver:
     """Runs one job graph to its end (bounded input) or until it fails for good."""
 
-    def __init__(self, graph: JobGraph, options: JobOptions, *, spark: Any = None,
-                 clock: Clock | None = None, events: EventSink | None = None,
-                 failure: FailureInjection | None = None) -> None:
+    def __init__(
+        self,
+        graph: JobGraph,
+        options: JobOptions,
+        *,
+        spark: Any = None,
+        clock: Clock | None = None,
+        events: EventSink | None = None,
+        failure: FailureInjection | None = None,
+    ) -> None:
         self.graph = graph
         self.options = options
         self.clock = clock or SystemClock()
@@ -79,15 +86,22 @@ class JobDriver:
             sinks.append(JsonLinesEventSink(options.events_log))
         self.events = FanOutEventSink(*sinks)
         self.storage = checkpoint_storage_from_options(
-            options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes)
+            options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
+        )
         self.coordinator = CheckpointCoordinator(
-            self.job_id, graph.tasks(), options.checkpoint, self.clock)
+            self.job_id, graph.tasks(), options.checkpoint, self.clock
+        )
         restart_conf: dict[str, str | int | float] = dict(options.restart_strategy)
         self.restart = restart_strategy_from_config(
-            restart_conf, checkpointing_enabled=options.checkpoint.interval_ms > 0)
+            restart_conf, checkpointing_enabled=options.checkpoint.interval_ms > 0
+        )
         self.planner = EpochPlanner(
-            graph.source.source, self.clock, target_ms=options.epoch_target_ms,
-            min_records=options.min_epoch_records, max_records=options.max_epoch_records)
+            graph.source.source,
+            self.clock,
+            target_ms=options.epoch_target_ms,
+            min_records=options.min_epoch_records,
+            max_records=options.max_epoch_records,
+        )
         if failure is None and options.fail_after is not None:
             failure = FailureInjection("source", subtask=0, offset=options.fail_after)
         self.failure = failure
@@ -99,7 +113,7 @@ class JobDriver:
         self.status = p.JobStatus.CREATED
         self.completed: list[int] = []
         self.restores: list[int | None] = []
-        n_state = (graph.keyed.parallelism if graph.keyed else graph.source.parallelism)
+        n_state = graph.keyed.parallelism if graph.keyed else graph.source.parallelism
         self.state_inputs: tuple[StateInput, ...] = tuple(StateInput() for _ in range(n_state))
         self.initial_point: RestorePoint | None = None  # --from-checkpoint, the fallback
         self.restore_storage: CheckpointStorage | None = None
@@ -108,7 +122,8 @@ class JobDriver:
     def _publish(self, *payloads: Any) -> None:
         now = self.clock.now_ms()
         self.events.publish(
-            [p.envelope(self.job_id, self.coordinator.attempt, now, pl) for pl in payloads])
+            [p.envelope(self.job_id, self.coordinator.attempt, now, pl) for pl in payloads]
+        )
 
     def _set_status(self, status: p.JobStatus, cause: str | None = None) -> None:
         if status != self.status:
@@ -125,9 +140,14 @@ class JobDriver:
         runner = SparkEpochRunner(self.graph, session)
         runner.warm_up()
         # Step 2
-        self._publish(p.JobRegistered(
-            job_name=self.graph.name, vertices=self.graph.vertices(), edges=self.graph.edges(),
-            config=self._config_summary()))
+        self._publish(
+            p.JobRegistered(
+                job_name=self.graph.name,
+                vertices=self.graph.vertices(),
+                edges=self.graph.edges(),
+                config=self._config_summary(),
+            )
+        )
         for cid in self.storage.cleanup_incomplete(self.job_id):
             self._publish(p.CheckpointAborted(checkpoint_id=cid, reason="no _metadata: removed"))
         # Step 3
@@ -136,8 +156,13 @@ class JobDriver:
             self.restore_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
             self.initial_point = point
             self.coordinator = CheckpointCoordinator(
-                self.job_id, self.graph.tasks(), self.options.checkpoint, self.clock,
-                attempt=point.attempt + 1, next_checkpoint_id=point.checkpoint_id + 1)
+                self.job_id,
+                self.graph.tasks(),
+                self.options.checkpoint,
+                self.clock,
+                attempt=point.attempt + 1,
+                next_checkpoint_id=point.checkpoint_id + 1,
+            )
             self._restore(point)
         self._set_status(p.JobStatus.RUNNING)
         self.planner.start()
@@ -154,18 +179,27 @@ class JobDriver:
         finally:
             self.events.close()
         return JobResult(
-            job_id=self.job_id, status=self.status, attempt=self.coordinator.attempt,
-            epochs=self.epoch, records=self.records,
+            job_id=self.job_id,
+            status=self.status,
+            attempt=self.coordinator.attempt,
+            epochs=self.epoch,
+            records=self.records,
             duration_s=(self.clock.monotonic_ms() - started) / 1000,
-            completed_checkpoints=list(self.completed), restores=list(self.restores),
-            events=self.memory)
+            completed_checkpoints=list(self.completed),
+            restores=list(self.restores),
+            events=self.memory,
+        )
 
     def _config_summary(self) -> dict[str, Any]:
         c = self.options.checkpoint
         return {
-            "mode": c.mode.value, "interval_ms": c.interval_ms, "timeout_ms": c.timeout_ms,
-            "min_pause_ms": c.min_pause_ms, "max_concurrent": c.max_concurrent,
-            "tolerable_failures": c.tolerable_failures, "retained": c.retained,
+            "mode": c.mode.value,
+            "interval_ms": c.interval_ms,
+            "timeout_ms": c.timeout_ms,
+            "min_pause_ms": c.min_pause_ms,
+            "max_concurrent": c.max_concurrent,
+            "tolerable_failures": c.tolerable_failures,
+            "retained": c.retained,
             "checkpoint_storage": self.options.checkpoint_storage,
             "checkpoint_dir": self.options.checkpoint_dir,
             "state_backend": self.options.state_backend,
@@ -186,19 +220,33 @@ class JobDriver:
         else:
             pending = None
         if pending is not None:
-            barrier = CheckpointBarrier(pending.checkpoint_id, pending.trigger_timestamp,
-                                        pending.kind, pending.is_final)
-            self._publish(p.CheckpointTriggered(
-                checkpoint_id=pending.checkpoint_id, kind=pending.kind,
-                trigger_timestamp=pending.trigger_timestamp, epoch=self.epoch,
-                is_final=pending.is_final))
+            barrier = CheckpointBarrier(
+                pending.checkpoint_id, pending.trigger_timestamp, pending.kind, pending.is_final
+            )
+            self._publish(
+                p.CheckpointTriggered(
+                    checkpoint_id=pending.checkpoint_id,
+                    kind=pending.kind,
+                    trigger_timestamp=pending.trigger_timestamp,
+                    epoch=self.epoch,
+                    is_final=pending.is_final,
+                )
+            )
         plan = EpochPlan(
-            job_id=self.job_id, job_name=self.graph.name, attempt=self.coordinator.attempt,
-            epoch=self.epoch, mode=self.options.checkpoint.mode, ranges=tuple(ranges),
-            barrier=barrier, state_inputs=self.state_inputs,
-            committed_up_to=self.committed_up_to, storage=self.storage,
-            local_dir=self.options.local_dir, failure=self.failure,
-            restore_storage=self.restore_storage)
+            job_id=self.job_id,
+            job_name=self.graph.name,
+            attempt=self.coordinator.attempt,
+            epoch=self.epoch,
+            mode=self.options.checkpoint.mode,
+            ranges=tuple(ranges),
+            barrier=barrier,
+            state_inputs=self.state_inputs,
+            committed_up_to=self.committed_up_to,
+            storage=self.storage,
+            local_dir=self.options.local_dir,
+            failure=self.failure,
+            restore_storage=self.restore_storage,
+        )
         started = self.clock.monotonic_ms()
         try:
             reports = runner.run(plan)
@@ -213,17 +261,23 @@ class JobDriver:
     def _accept(self, plan: EpochPlan, reports: list[TaskReport], duration_ms: float) -> None:
         """Accept a finished epoch: the reports of its tasks become the truth."""
         expected = {(uid, i) for uid, n in self.graph.tasks().items() for i in range(n)}
-        by_task = {(r.operator_id, r.subtask): r for r in reports
-                   if r.attempt == plan.attempt and r.epoch == plan.epoch}
+        by_task = {
+            (r.operator_id, r.subtask): r
+            for r in reports
+            if r.attempt == plan.attempt and r.epoch == plan.epoch
+        }
         if set(by_task) != expected:
             missing = sorted(expected - set(by_task))
             raise EpochFailedError(plan.epoch, f"no report from subtasks {missing}")
         # Step 1: the working-state versions written by the accepted task attempts.
         tail_uid = self.graph.sink_vertex_uid
         self.state_inputs = tuple(
-            StateInput(version=by_task[(tail_uid, i)].state_version,
-                       version_path=by_task[(tail_uid, i)].state_version_path)
-            for i in range(len(self.state_inputs)))
+            StateInput(
+                version=by_task[(tail_uid, i)].state_version,
+                version_path=by_task[(tail_uid, i)].state_version_path,
+            )
+            for i in range(len(self.state_inputs))
+        )
         # Step 2: positions, counters.
         self.planner.advance(list(plan.ranges))
         records = sum(r.records for r in plan.ranges)
@@ -232,15 +286,21 @@ class JobDriver:
         # Step 3: the tasks' events, then the acknowledgements (after expiring any checkpoint
         # whose timeout passed while the epoch ran: its acknowledgements arrive too late).
         self._handle_failed(self.coordinator.expire_overdue())
-        ordered = sorted(by_task.values(), key=lambda r: (r.operator_id != self.graph.source.uid,
-                                                          r.operator_id, r.subtask))
+        ordered = sorted(
+            by_task.values(),
+            key=lambda r: (r.operator_id != self.graph.source.uid, r.operator_id, r.subtask),
+        )
         self._publish(*(ev for r in ordered for ev in r.events))
         for r in ordered:
             for decline in r.declines:
                 self._publish(decline)
                 failed = self.coordinator.decline(
-                    plan.attempt, decline.checkpoint_id, decline.operator_id, decline.subtask,
-                    decline.reason)
+                    plan.attempt,
+                    decline.checkpoint_id,
+                    decline.operator_id,
+                    decline.subtask,
+                    decline.reason,
+                )
                 self._handle_failed([failed] if failed else [])
             for ack in r.acks:
                 self._publish(ack)
@@ -250,10 +310,16 @@ class JobDriver:
                 if result.completed is not None:
                     self._complete(result.completed)
         self._handle_failed(self.coordinator.drain_failed())
-        self._publish(p.Heartbeat(
-            epoch=plan.epoch, records=records, duration_ms=duration_ms,
-            records_per_second=records / duration_ms * 1000 if duration_ms > 0 else 0.0,
-            source_lag=self.planner.lag(), host_time=self.clock.now_ms()))
+        self._publish(
+            p.Heartbeat(
+                epoch=plan.epoch,
+                records=records,
+                duration_ms=duration_ms,
+                records_per_second=records / duration_ms * 1000 if duration_ms > 0 else 0.0,
+                source_lag=self.planner.lag(),
+                host_time=self.clock.now_ms(),
+            )
+        )
         if self.coordinator.must_fail_job:
             raise EpochFailedError(plan.epoch, "exceeded checkpoint tolerable failure threshold")
 
@@ -262,30 +328,46 @@ class JobDriver:
         # Step 1: _metadata to checkpoint storage (enough to restore from the path alone).
         try:
             cp.external_path = self.storage.write_metadata(
-                self.job_id, cp.checkpoint_id, checkpoint_metadata(self.job_id, cp))
+                self.job_id, cp.checkpoint_id, checkpoint_metadata(self.job_id, cp)
+            )
         except (OSError, SparkpointError) as err:
             failed = self.coordinator.finalize_failed(
-                cp.checkpoint_id, f"writing _metadata failed: {err}")
+                cp.checkpoint_id, f"writing _metadata failed: {err}"
+            )
             self._handle_failed([failed])
             return
         # Step 2: record it (standalone: the coordinator's completed-checkpoint store).
         self.completed.append(cp.checkpoint_id)
-        self._publish(p.CheckpointCompleted(
-            checkpoint_id=cp.checkpoint_id, kind=cp.kind, external_path=cp.external_path,
-            trigger_timestamp=cp.trigger_timestamp, completion_timestamp=cp.completion_timestamp,
-            end_to_end_duration_ms=cp.end_to_end_duration_ms, state_size=cp.state_size))
+        self._publish(
+            p.CheckpointCompleted(
+                checkpoint_id=cp.checkpoint_id,
+                kind=cp.kind,
+                external_path=cp.external_path,
+                trigger_timestamp=cp.trigger_timestamp,
+                completion_timestamp=cp.completion_timestamp,
+                end_to_end_duration_ms=cp.end_to_end_duration_ms,
+                state_size=cp.state_size,
+            )
+        )
         for old in self.coordinator.drain_subsumed():
             self.storage.discard(self.job_id, old.checkpoint_id)
         # Step 3: notify the job (in-process here).
-        if (self.options.crash_after_checkpoint == cp.checkpoint_id
-                and self.options.from_checkpoint is None):
+        if (
+            self.options.crash_after_checkpoint == cp.checkpoint_id
+            and self.options.from_checkpoint is None
+        ):
             os.kill(os.getpid(), signal.SIGKILL)  # testing hook: a driver crash, for real
         f = self.failure
-        if (f is not None and f.where == "before_commit" and f.attempt == cp.attempt
-                and f.checkpoint_id == cp.checkpoint_id):
+        if (
+            f is not None
+            and f.where == "before_commit"
+            and f.attempt == cp.attempt
+            and f.checkpoint_id == cp.checkpoint_id
+        ):
             raise InjectedFailure(
                 f"injected failure after checkpoint {cp.checkpoint_id} completed, before its "
-                "sink transactions were committed")
+                "sink transactions were committed"
+            )
         # Step 4: the sinks commit the transactions of this checkpoint.
         self._commit(cp.checkpoint_id, cp.acks.values())
         if cp.is_final:
@@ -297,17 +379,25 @@ class JobDriver:
         for ack in acks:
             for txn in ack.sink_transactions:
                 sink.commit(sink_uid, txn)
-                self._publish(p.SinkCommitted(
-                    checkpoint_id=checkpoint_id, operator_id=ack.operator_id,
-                    subtask=ack.subtask, transaction_id=txn.transaction_id,
-                    parts=len(txn.parts)))
+                self._publish(
+                    p.SinkCommitted(
+                        checkpoint_id=checkpoint_id,
+                        operator_id=ack.operator_id,
+                        subtask=ack.subtask,
+                        transaction_id=txn.transaction_id,
+                        parts=len(txn.parts),
+                    )
+                )
         self.committed_up_to = max(self.committed_up_to, checkpoint_id)
 
     def _handle_failed(self, failed: list[FailedCheckpoint]) -> None:
         for f in failed:
             self.storage.discard(self.job_id, f.checkpoint_id)
-            self._publish(p.CheckpointAborted(checkpoint_id=f.checkpoint_id,
-                                              reason=f"{f.reason.name}: {f.message}"))
+            self._publish(
+                p.CheckpointAborted(
+                    checkpoint_id=f.checkpoint_id, reason=f"{f.reason.name}: {f.message}"
+                )
+            )
 
     # ------------------------------------------------------------------ failures
     def _on_failure(self, cause: str, epoch: int) -> None:
@@ -353,14 +443,19 @@ class JobDriver:
         if point is not None and self.graph.keyed is not None:
             handles = point.handles(self.graph.keyed.uid)
             self.state_inputs = tuple(
-                StateInput(handles=handles, restored_from=point.checkpoint_id) for _ in range(n))
+                StateInput(handles=handles, restored_from=point.checkpoint_id) for _ in range(n)
+            )
         else:
             self.state_inputs = tuple(StateInput() for _ in range(n))
         self.restores.append(point.checkpoint_id if point else None)
-        self._publish(p.JobRestored(
-            checkpoint_id=point.checkpoint_id if point else None,
-            external_path=point.external_path if point else None,
-            committed_transactions=committed, aborted_parts=aborted))
+        self._publish(
+            p.JobRestored(
+                checkpoint_id=point.checkpoint_id if point else None,
+                external_path=point.external_path if point else None,
+                committed_transactions=committed,
+                aborted_parts=aborted,
+            )
+        )
 
 
 def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:

@@ -19,8 +19,16 @@ class EpochPlanner:
     target duration (between ``min_records`` and ``max_records`` per split).
     """
 
-    def __init__(self, source: Source, clock: Clock, *, target_ms: float, min_records: int,
-                 max_records: int, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        source: Source,
+        clock: Clock,
+        *,
+        target_ms: float,
+        min_records: int,
+        max_records: int,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.source = source
         self.clock = clock
         self.split_ids = source.split_ids()
@@ -45,7 +53,8 @@ class EpochPlanner:
     def exhausted(self) -> bool:
         """True once every (bounded) split has been read to its end."""
         return self.bounded and all(
-            pos >= (total or 0) for pos, total in zip(self.positions, self.totals, strict=True))
+            pos >= (total or 0) for pos, total in zip(self.positions, self.totals, strict=True)
+        )
 
     def lag(self) -> int:
         """Records that exist but were not read yet (bounded sources: all unread ones)."""
@@ -76,15 +85,15 @@ class EpochPlanner:
 
     def will_exhaust(self, ranges: list[SplitRange]) -> bool:
         """True when reading ``ranges`` reaches the end of every (bounded) split."""
-        return self.bounded and all(
-            r.end >= (self.totals[r.split] or 0) for r in ranges)
+        return self.bounded and all(r.end >= (self.totals[r.split] or 0) for r in ranges)
 
     @staticmethod
     def with_barrier(ranges: list[SplitRange], at_end: bool) -> list[SplitRange]:
         """Place the barrier in the middle of every split's range (or at its end)."""
         return [
-            SplitRange(r.split, r.split_id, r.start, r.end,
-                       r.end if at_end else r.start + r.records // 2)
+            SplitRange(
+                r.split, r.split_id, r.start, r.end, r.end if at_end else r.start + r.records // 2
+            )
             for r in ranges
         ]
 

@@ -40,7 +40,8 @@ def spark_session(master: str, app_name: str) -> Any:
         check_session(active)
         return active
     session = (
-        SparkSession.builder.master(master).appName(app_name)
+        SparkSession.builder.master(master)
+        .appName(app_name)
         .config("spark.task.maxFailures", "1")
         .config("spark.speculation", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -62,7 +63,8 @@ def check_session(session: Any) -> None:
     if int(retries) != 1 and not re.match(r"local\[[^,\]]+\]$|local$", master):
         raise ConfigurationError(
             f"spark.task.maxFailures must be 1 (is {retries}): Spark's own retries are off, "
-            "Sparkpoint recovers a failed epoch from its checkpoint")
+            "Sparkpoint recovers a failed epoch from its checkpoint"
+        )
 
 
 def _task_info() -> TaskInfo:
@@ -90,8 +92,11 @@ _CAUSE = re.compile(r"^([\w.]+(?:Error|Exception|Failure|Interrupt)): (.*)$", re
 def failure_cause(err: BaseException) -> str:
     """The task's own error from a Spark failure, in one line."""
     text = str(err)
-    matches = [m for m in _CAUSE.finditer(text) if "py4j" not in m.group(1).lower()
-               and "org.apache.spark" not in m.group(1)]
+    matches = [
+        m
+        for m in _CAUSE.finditer(text)
+        if "py4j" not in m.group(1).lower() and "org.apache.spark" not in m.group(1)
+    ]
     if matches:
         name, message = matches[-1].groups()
         return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"
@@ -129,6 +134,7 @@ class SparkEpochRunner:
 
         rdd = self.sc.parallelize(range(n), n).mapPartitionsWithIndex(source)
         if graph.keyed is not None:
+
             def keyed(index: int, items: Any) -> Any:
                 return run_keyed_task(graph, plan, index, items, _task_info())
 

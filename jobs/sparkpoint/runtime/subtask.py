@@ -42,10 +42,17 @@ class _InFlight:
 class SubtaskCheckpointer:
     """Snapshots one subtask on each barrier; collects acks, declines and events."""
 
-    def __init__(self, plan: EpochPlan, uid: str, subtask: int, report: TaskReport,
-                 clock: Clock, backend: HashMapKeyedStateBackend | None = None,
-                 sink: SinkWriter | None = None,
-                 pending: list[tuple[int, p.SinkTransactionModel]] | None = None) -> None:
+    def __init__(
+        self,
+        plan: EpochPlan,
+        uid: str,
+        subtask: int,
+        report: TaskReport,
+        clock: Clock,
+        backend: HashMapKeyedStateBackend | None = None,
+        sink: SinkWriter | None = None,
+        pending: list[tuple[int, p.SinkTransactionModel]] | None = None,
+    ) -> None:
         self.plan = plan
         self.uid = uid
         self.subtask = subtask
@@ -58,8 +65,12 @@ class SubtaskCheckpointer:
         self._pool: ThreadPoolExecutor | None = None
 
     # Step 1 (synchronous part) and step 2 (start the asynchronous upload) of a snapshot.
-    def on_barrier(self, barrier: CheckpointBarrier, alignment: AlignmentStats | None,
-                   source_positions: dict[str, int] | None = None) -> None:
+    def on_barrier(
+        self,
+        barrier: CheckpointBarrier,
+        alignment: AlignmentStats | None,
+        source_positions: dict[str, int] | None = None,
+    ) -> None:
         first_wall = self.clock.now_ms()
         if alignment is not None and alignment.barrier_wall_ms:
             first_wall = min(alignment.barrier_wall_ms.values())
@@ -70,15 +81,21 @@ class SubtaskCheckpointer:
             sealed = self.sink.pre_commit(barrier.checkpoint_id)
             self.pending.append((barrier.checkpoint_id, sealed))
             sinks = [txn for _, txn in self.pending]
-            self.report.events.append(p.SinkPreCommitted(
-                checkpoint_id=barrier.checkpoint_id, operator_id=self.uid,
-                subtask=self.subtask, transaction=sealed))
+            self.report.events.append(
+                p.SinkPreCommitted(
+                    checkpoint_id=barrier.checkpoint_id,
+                    operator_id=self.uid,
+                    subtask=self.subtask,
+                    transaction=sealed,
+                )
+            )
         sync_ms = self.clock.monotonic_ms() - start
         fail = self.plan.injects("after_pre_commit", self.subtask)
         if fail is not None and fail.checkpoint_id == barrier.checkpoint_id and self.sink:
             raise InjectedFailure(
                 f"injected failure in {self.uid}[{self.subtask}] after the sink pre-committed "
-                f"for checkpoint {barrier.checkpoint_id}")
+                f"for checkpoint {barrier.checkpoint_id}"
+            )
         upload = None
         if blob is not None:
             if self._pool is None:
@@ -86,13 +103,27 @@ class SubtaskCheckpointer:
             assert self.backend is not None
             kg = self.backend.key_group_range
             upload = self._pool.submit(
-                self.plan.storage.write_state, self.plan.job_id, barrier.checkpoint_id,
+                self.plan.storage.write_state,
+                self.plan.job_id,
+                barrier.checkpoint_id,
                 # Tagged by job attempt and task attempt (execution contract 2).
                 f"{self.uid}-{self.subtask}-a{self.plan.attempt}-t{self.report.task_attempt}",
-                blob, key_group_range=kg)
-        self._inflight.append(_InFlight(
-            barrier, first_wall, alignment, sync_ms, len(blob) if blob else 0,
-            source_positions or {}, sinks, upload, self.clock.monotonic_ms()))
+                blob,
+                key_group_range=kg,
+            )
+        self._inflight.append(
+            _InFlight(
+                barrier,
+                first_wall,
+                alignment,
+                sync_ms,
+                len(blob) if blob else 0,
+                source_positions or {},
+                sinks,
+                upload,
+                self.clock.monotonic_ms(),
+            )
+        )
 
     # Step 3: wait for the uploads and acknowledge (or decline).
     def finish(self) -> None:
@@ -111,23 +142,38 @@ class SubtaskCheckpointer:
             try:
                 handles = [f.upload.result()]
             except StateTooLargeError as err:
-                self.report.declines.append(p.CheckpointDeclined(
-                    checkpoint_id=cid, operator_id=self.uid, subtask=self.subtask,
-                    reason=str(err)))
+                self.report.declines.append(
+                    p.CheckpointDeclined(
+                        checkpoint_id=cid,
+                        operator_id=self.uid,
+                        subtask=self.subtask,
+                        reason=str(err),
+                    )
+                )
                 return
             async_ms = max(0.0, self.clock.monotonic_ms() - f.upload_started)
         raw_delay = f.first_barrier_wall - f.barrier.timestamp
         al = f.alignment
-        self.report.acks.append(p.SnapshotCompleted(
-            checkpoint_id=cid, operator_id=self.uid, subtask=self.subtask,
-            epoch=self.plan.epoch, ack_timestamp=self.clock.now_ms(),
-            start_delay_ms=max(0.0, float(raw_delay)),
-            alignment_duration_ms=al.duration_ms if al else 0.0,
-            alignment_buffered_bytes=al.buffered_bytes if al else 0,
-            sync_duration_ms=f.sync_ms, async_duration_ms=async_ms,
-            state_size=f.state_size, checkpointed_size=sum(h.size for h in handles),
-            handles=handles, source_positions=f.source_positions,
-            sink_transactions=f.sinks, clock_flagged=raw_delay < 0))
+        self.report.acks.append(
+            p.SnapshotCompleted(
+                checkpoint_id=cid,
+                operator_id=self.uid,
+                subtask=self.subtask,
+                epoch=self.plan.epoch,
+                ack_timestamp=self.clock.now_ms(),
+                start_delay_ms=max(0.0, float(raw_delay)),
+                alignment_duration_ms=al.duration_ms if al else 0.0,
+                alignment_buffered_bytes=al.buffered_bytes if al else 0,
+                sync_duration_ms=f.sync_ms,
+                async_duration_ms=async_ms,
+                state_size=f.state_size,
+                checkpointed_size=sum(h.size for h in handles),
+                handles=handles,
+                source_positions=f.source_positions,
+                sink_transactions=f.sinks,
+                clock_flagged=raw_delay < 0,
+            )
+        )
 
 
 def run_chain(chain: list[Any], batch: Batch) -> Batch:
@@ -146,8 +192,9 @@ def open_working_state(plan: EpochPlan, subtask: int) -> working_state.WorkingSt
     return working_state.WorkingState()
 
 
-def save_working_state(plan: EpochPlan, uid: str, subtask: int, report: TaskReport,
-                       state: working_state.WorkingState) -> None:
+def save_working_state(
+    plan: EpochPlan, uid: str, subtask: int, report: TaskReport, state: working_state.WorkingState
+) -> None:
     """Last step of every epoch: write version v+1, tagged by who wrote it."""
     directory = working_state.version_dir(plan.local_dir, plan.job_id, uid, subtask)
     tag = f"a{plan.attempt}-e{plan.epoch}-t{report.task_attempt}"

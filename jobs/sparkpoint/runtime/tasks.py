@@ -43,11 +43,13 @@ class TaskInfo:
     task_attempt: int
 
 
-def _sink_tail(graph: JobGraph, plan: EpochPlan, uid: str, subtask: int, info: TaskInfo,
-               state: Any) -> Any:
+def _sink_tail(
+    graph: JobGraph, plan: EpochPlan, uid: str, subtask: int, info: TaskInfo, state: Any
+) -> Any:
     assert graph.sink is not None and graph.sink_uid is not None
-    ctx = WriterContext(plan.job_id, graph.sink_uid, subtask, plan.attempt, plan.epoch,
-                        info.task_attempt)
+    ctx = WriterContext(
+        plan.job_id, graph.sink_uid, subtask, plan.attempt, plan.epoch, info.task_attempt
+    )
     return graph.sink.writer(ctx, state.open_txn)
 
 
@@ -66,12 +68,13 @@ def _route(batch: Batch, graph: JobGraph, targets: int) -> Iterator[tuple[int, B
     offset = 0
     for target, n in enumerate(counts.tolist()):
         if n:
-            yield target, batch.take(order[offset:offset + n])
+            yield target, batch.take(order[offset : offset + n])
         offset += n
 
 
-def run_source_task(graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskInfo,
-                    clock: Clock | None = None) -> Iterator[Any]:
+def run_source_task(
+    graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskInfo, clock: Clock | None = None
+) -> Iterator[Any]:
     """Read this split's range, inject the barrier at its offset, route or sink the records.
 
     Yields exchange elements when the job has a keyed vertex, else this task's report.
@@ -88,8 +91,9 @@ def run_source_task(graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskIn
         state = open_working_state(plan, subtask)
         state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
         sink = _sink_tail(graph, plan, uid, subtask, info, state)
-    checkpointer = SubtaskCheckpointer(plan, uid, subtask, report, clock, sink=sink,
-                                       pending=state.pending if state else None)
+    checkpointer = SubtaskCheckpointer(
+        plan, uid, subtask, report, clock, sink=sink, pending=state.pending if state else None
+    )
     failure = plan.injects("source", subtask)
     stop = rng.end
     if failure is not None and rng.start <= failure.offset < rng.end:
@@ -115,10 +119,17 @@ def run_source_task(graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskIn
     barrier_at = rng.barrier_offset
     if plan.barrier is not None and barrier_at is not None and barrier_at <= stop:
         yield from read(rng.start, barrier_at)
-        report.events.append(p.BarrierInjected(
-            checkpoint_id=plan.barrier.checkpoint_id, operator_id=uid, subtask=subtask,
-            epoch=plan.epoch, split_id=rng.split_id, offset=barrier_at,
-            timestamp=clock.now_ms()))
+        report.events.append(
+            p.BarrierInjected(
+                checkpoint_id=plan.barrier.checkpoint_id,
+                operator_id=uid,
+                subtask=subtask,
+                epoch=plan.epoch,
+                split_id=rng.split_id,
+                offset=barrier_at,
+                timestamp=clock.now_ms(),
+            )
+        )
         checkpointer.on_barrier(plan.barrier, None, {rng.split_id: barrier_at})
         for target in range(targets):
             yield target, (subtask, plan.barrier)
@@ -128,7 +139,8 @@ def run_source_task(graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskIn
     if stop != rng.end:
         raise InjectedFailure(
             f"injected failure in source {uid}[{subtask}] at offset {stop} of {rng.split_id} "
-            f"(job attempt {plan.attempt}, epoch {plan.epoch})")
+            f"(job attempt {plan.attempt}, epoch {plan.epoch})"
+        )
     checkpointer.finish()
     report.split_end = {rng.split_id: rng.end}
     if keyed is None:
@@ -142,9 +154,14 @@ def run_source_task(graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskIn
         yield subtask % targets, (subtask, report)
 
 
-def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
-                   elements: Iterable[tuple[int, tuple[int, Any]]], info: TaskInfo,
-                   clock: Clock | None = None) -> Iterator[TaskReport]:
+def run_keyed_task(
+    graph: JobGraph,
+    plan: EpochPlan,
+    subtask: int,
+    elements: Iterable[tuple[int, tuple[int, Any]]],
+    info: TaskInfo,
+    clock: Clock | None = None,
+) -> Iterator[TaskReport]:
     """Align barriers across the source channels, run the keyed operator, sink, snapshot.
 
     Steps: (1) open working state version v (or restore), (2) process the input through the
@@ -165,22 +182,28 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
     inp = plan.state_inputs[subtask]
     if inp.handles:
         reader = plan.restore_storage or plan.storage
-        blobs = [reader.read_state(h) for h in inp.handles
-                 if h.key_group_start is None or h.key_group_end is None
-                 or (h.key_group_start <= kg_range.end and h.key_group_end >= kg_range.start)]
+        blobs = [
+            reader.read_state(h)
+            for h in inp.handles
+            if h.key_group_start is None
+            or h.key_group_end is None
+            or (h.key_group_start <= kg_range.end and h.key_group_end >= kg_range.start)
+        ]
         backend = HashMapKeyedStateBackend.restore(blobs, keyed.max_parallelism, kg_range)
     elif state.backend is not None:
         if state.backend.key_group_range != kg_range:
             raise WorkingStateLostError(
                 f"working state of {uid}[{subtask}] holds key groups "
-                f"{state.backend.key_group_range}, expected {kg_range}")
+                f"{state.backend.key_group_range}, expected {kg_range}"
+            )
         backend = state.backend
     else:
         backend = HashMapKeyedStateBackend(keyed.max_parallelism, kg_range)
     state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
     sink = _sink_tail(graph, plan, uid, subtask, info, state)
-    checkpointer = SubtaskCheckpointer(plan, uid, subtask, report, clock, backend=backend,
-                                       sink=sink, pending=state.pending)
+    checkpointer = SubtaskCheckpointer(
+        plan, uid, subtask, report, clock, backend=backend, sink=sink, pending=state.pending
+    )
     op = keyed.operator
     op.open(backend)
     handler = BarrierHandler(graph.source.parallelism, plan.mode, clock)
@@ -192,11 +215,15 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
         out = run_chain(keyed.chain, op.process(batch, backend))
         report.records_out += len(out)
         sink.write(out)
-        if (fail_records is not None and plan.epoch >= fail_records.at_epoch
-                and report.records_in >= fail_records.records):
+        if (
+            fail_records is not None
+            and plan.epoch >= fail_records.at_epoch
+            and report.records_in >= fail_records.records
+        ):
             raise InjectedFailure(
                 f"injected failure in {uid}[{subtask}] after {report.records_in} records "
-                f"(job attempt {plan.attempt}, epoch {plan.epoch})")
+                f"(job attempt {plan.attempt}, epoch {plan.epoch})"
+            )
 
     # Step 2
     for _target, (channel, payload) in elements:
@@ -204,26 +231,42 @@ def run_keyed_task(graph: JobGraph, plan: EpochPlan, subtask: int,
             forwarded.append(payload)
             continue
         if isinstance(payload, CheckpointBarrier):
-            report.events.append(p.BarrierReceived(
-                checkpoint_id=payload.checkpoint_id, operator_id=uid, subtask=subtask,
-                channel=channel, timestamp=clock.now_ms()))
+            report.events.append(
+                p.BarrierReceived(
+                    checkpoint_id=payload.checkpoint_id,
+                    operator_id=uid,
+                    subtask=subtask,
+                    channel=channel,
+                    timestamp=clock.now_ms(),
+                )
+            )
         for out in handler.process(channel, payload):
             if isinstance(out, Aligned):
                 stats = out.stats
-                report.events.append(p.AlignmentCompleted(
-                    checkpoint_id=out.barrier.checkpoint_id, operator_id=uid, subtask=subtask,
-                    duration_ms=stats.duration_ms, buffered_bytes=stats.buffered_bytes,
-                    buffered_records=stats.buffered_records))
+                report.events.append(
+                    p.AlignmentCompleted(
+                        checkpoint_id=out.barrier.checkpoint_id,
+                        operator_id=uid,
+                        subtask=subtask,
+                        duration_ms=stats.duration_ms,
+                        buffered_bytes=stats.buffered_bytes,
+                        buffered_records=stats.buffered_records,
+                    )
+                )
                 checkpointer.on_barrier(out.barrier, stats)
             elif isinstance(out, Aborted):
                 continue
             else:
                 process(out.element)  # type: ignore[arg-type]
-        if (fail_alignment is not None and handler.pending_checkpoint_id is not None
-                and handler.pending_checkpoint_id == fail_alignment.checkpoint_id):
+        if (
+            fail_alignment is not None
+            and handler.pending_checkpoint_id is not None
+            and handler.pending_checkpoint_id == fail_alignment.checkpoint_id
+        ):
             raise InjectedFailure(
                 f"injected failure in {uid}[{subtask}] while aligning checkpoint "
-                f"{fail_alignment.checkpoint_id}")
+                f"{fail_alignment.checkpoint_id}"
+            )
     handler.end_of_input()
     # Step 3
     tail = run_chain(keyed.chain, op.end_of_epoch(backend))

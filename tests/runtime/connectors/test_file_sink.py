@@ -68,7 +68,9 @@ def test_commit_refuses_names_it_did_not_write(tmp_path: Path) -> None:
 
 
 def test_columnar_json_lines_match_json_dumps() -> None:
-    batch = Batch.of_columns(app_id=np.array(['a"b', "c"]), pv=np.array([1, 20]),
-                             ok=np.array([True, False]))
+    batch = Batch.of_columns(
+        app_id=np.array(['a"b', "c"]), pv=np.array([1, 20]), ok=np.array([True, False])
+    )
     assert format_json_lines(batch) == (
-        '{"app_id": "a\\"b", "pv": 1, "ok": true}\n{"app_id": "c", "pv": 20, "ok": false}\n')
+        '{"app_id": "a\\"b", "pv": 1, "ok": true}\n{"app_id": "c", "pv": 20, "ok": false}\n'
+    )
