@@ -162,8 +162,14 @@ class KeyedOperator(abc.ABC):
     def open(self, backend: HashMapKeyedStateBackend) -> None:
         self._changed: dict[Any, Any] = {}
 
-    def end_of_epoch(self, backend: HashMapKeyedStateBackend) -> Batch:
-        """With ``emit="epoch"``: the latest value of every key updated in this epoch."""
+    def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
+        """With ``emit="epoch"``: the latest value of every key updated since the last flush.
+
+        Called at the end of every epoch and on every aligned barrier, before the snapshot:
+        updates made before barrier *n* are emitted into the transaction that checkpoint *n*
+        commits, so a restore from *n* never loses the latest value of a key that changed
+        only before the barrier.
+        """
         return Batch.of_rows([])
 
 
@@ -208,7 +214,7 @@ class CountOperator(KeyedOperator):
         rank[order] = np.arange(len(keys)) - np.repeat(starts, per_key) + 1
         return Batch.of_columns(**{self.key_field: keys, self.output: base[inverse] + rank})
 
-    def end_of_epoch(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
         if not self._changed:
             return Batch.of_rows([])
         ks = list(self._changed)
@@ -245,7 +251,7 @@ class ReduceOperator(KeyedOperator):
                 self._changed[key] = acc
         return Batch.of_rows(out)
 
-    def end_of_epoch(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
         out = Batch.of_rows(list(self._changed.values()))
         self._changed = {}
         return out

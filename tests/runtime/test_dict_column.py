@@ -166,7 +166,7 @@ def test_count_per_epoch_of_a_dict_column_equals_the_plain_array_path() -> None:
             col = _random_column(seed)
             keys: Any = col if encoded else col.decode()
             assert not len(op.process(Batch.of_columns(k=keys), backend))
-        return op.end_of_epoch(backend).rows, dict(backend.table("count"))
+        return op.flush_updates(backend).rows, dict(backend.table("count"))
 
     assert counts(True) == counts(False)
 

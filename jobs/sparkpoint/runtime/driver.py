@@ -34,6 +34,7 @@ from sparkpoint.runtime.plan import EpochPlan, FailureInjection, StateInput, Tas
 from sparkpoint.runtime.planner import EpochPlanner
 from sparkpoint.runtime.recovery import (
     RestorePoint,
+    checkpoint_metadata,
     restore_point_from_metadata,
     storage_for_checkpoint_path,
 )
@@ -456,18 +457,3 @@ class JobDriver:
                 aborted_parts=aborted,
             )
         )
-
-
-def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:
-    """The ``_metadata`` of a completed checkpoint: everything a restore from its path needs."""
-    return {
-        "format": "sparkpoint-checkpoint/1",
-        "job_id": job_id,
-        "checkpoint_id": cp.checkpoint_id,
-        "kind": cp.kind.value,
-        "attempt": cp.attempt,
-        "is_final": cp.is_final,
-        "trigger_timestamp": cp.trigger_timestamp,
-        "completion_timestamp": cp.completion_timestamp,
-        "acks": [a.model_dump(mode="json") for a in cp.acks.values()],
-    }

@@ -1,8 +1,12 @@
-"""What a restore starts from: a completed checkpoint in memory or one read from ``_metadata``."""
+"""What a restore starts from: a completed checkpoint in memory or its ``_metadata``.
+
+:func:`checkpoint_metadata` writes what :func:`restore_point_from_metadata` reads back.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
@@ -58,3 +62,18 @@ def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
         trimmed = trimmed[: -len("/_metadata")]
     base = trimmed.rsplit("/", 2)[0]
     return FileSystemCheckpointStorage(base)
+
+
+def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:
+    """The ``_metadata`` of a completed checkpoint: everything a restore from its path needs."""
+    return {
+        "format": "sparkpoint-checkpoint/1",
+        "job_id": job_id,
+        "checkpoint_id": cp.checkpoint_id,
+        "kind": cp.kind.value,
+        "attempt": cp.attempt,
+        "is_final": cp.is_final,
+        "trigger_timestamp": cp.trigger_timestamp,
+        "completion_timestamp": cp.completion_timestamp,
+        "acks": [a.model_dump(mode="json") for a in cp.acks.values()],
+    }

@@ -210,11 +210,14 @@ def run_keyed_task(
     fail_records = plan.injects("keyed", subtask)
     fail_alignment = plan.injects("alignment", subtask)
 
-    def process(batch: Batch) -> None:
-        report.records_in += len(batch)
-        out = run_chain(keyed.chain, op.process(batch, backend))
+    def emit(out: Batch) -> None:
+        out = run_chain(keyed.chain, out)
         report.records_out += len(out)
         sink.write(out)
+
+    def process(batch: Batch) -> None:
+        report.records_in += len(batch)
+        emit(op.process(batch, backend))
         if (
             fail_records is not None
             and plan.epoch >= fail_records.at_epoch
@@ -253,6 +256,7 @@ def run_keyed_task(
                         buffered_records=stats.buffered_records,
                     )
                 )
+                emit(op.flush_updates(backend))
                 checkpointer.on_barrier(out.barrier, stats)
             elif isinstance(out, Aborted):
                 continue
@@ -269,9 +273,7 @@ def run_keyed_task(
             )
     handler.end_of_input()
     # Step 3
-    tail = run_chain(keyed.chain, op.end_of_epoch(backend))
-    report.records_out += len(tail)
-    sink.write(tail)
+    emit(op.flush_updates(backend))
     state.open_txn = sink.close_epoch()
     state.backend = backend
     # Step 4
