@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo test bench lint format clean
+.PHONY: demo test bench bench-ss lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -27,6 +27,9 @@ format: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_pv.py
+
+bench-ss: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_vs_structured_streaming.py
 
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
