@@ -35,6 +35,8 @@ class JobOptions:
     master: str = "local[*]"
     fail_after: int | None = None
     crash_after_checkpoint: int | None = None
+    durable_working_state: bool | None = None  # None: on unless the master is local
+    isolate_workers: bool = False  # testing: every Python worker acts as its own executor
     from_checkpoint: str | None = None
     local_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint")
@@ -77,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch-target-ms", type=float, default=1000.0)
     p.add_argument("--max-epoch-records", type=int, default=4_000_000)
     p.add_argument("--events-log")
+    p.add_argument("--durable-working-state", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--restart-strategy", choices=["none", "fixed-delay"], default="fixed-delay")
     p.add_argument("--restart-attempts", type=int, default=3)
     p.add_argument("--restart-delay", type=float, default=1.0)
@@ -139,6 +142,7 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         master=ns.master,
         fail_after=ns.fail_after,
         crash_after_checkpoint=ns.crash_after_checkpoint,
+        durable_working_state={"auto": None, "on": True, "off": False}[ns.durable_working_state],
         from_checkpoint=ns.from_checkpoint,
         local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), "sparkpoint"),
         epoch_target_ms=ns.epoch_target_ms,

@@ -40,6 +40,7 @@ def run_pv(
     restart: str = "fixed-delay",
     max_inline: int = 1 << 20,
     out: str | None = None,
+    isolate_workers: bool = False,
 ) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory."""
     out = out or str(base / name / "out")
@@ -61,6 +62,8 @@ def run_pv(
         restart_strategy=restart_conf,
         from_checkpoint=from_checkpoint,
         max_inline_state_bytes=max_inline,
+        isolate_workers=isolate_workers,
+        durable_working_state=True if isolate_workers else None,
     )
     env = StreamExecutionEnvironment(options)
     pv_count.build(

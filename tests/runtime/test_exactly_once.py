@@ -118,3 +118,16 @@ def test_at_least_once_mode_without_failure_is_exact(
     result, out = run_pv(spark, tmp_path, "alo-ok", mode="at_least_once")
     assert result.restores == []
     assert line_counts(out) == baseline
+
+
+def test_subtasks_that_move_between_workers_read_the_durable_working_state(
+    spark: Any, tmp_path: Path, baseline: Counter[str]
+) -> None:
+    """Every Python worker acts as its own executor: the local copy of the last epoch's state
+    is almost never where the next epoch's task runs, so the durable copy must be read."""
+    failure = FailureInjection("keyed", subtask=0, records=300, at_epoch=4)
+    result, out = run_pv(spark, tmp_path, "moving", isolate_workers=True, failure=failure)
+    assert result.restores == [latest_completed_before_failure(result)]  # only the injected one
+    assert line_counts(out) == baseline
+    chk = tmp_path / "moving" / "chk" / "pv-moving"
+    assert not (chk / "working").exists()  # durable copies are removed once the job finished

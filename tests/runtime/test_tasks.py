@@ -131,8 +131,10 @@ def test_alignment_failure_is_raised_while_aligning(tmp_path: Path) -> None:
 
 
 def test_a_working_state_version_that_is_not_on_disk_is_never_reused(tmp_path: Path) -> None:
-    missing = StateInput(version="a1-e0-t3", version_path=str(tmp_path / "nope.state"))
-    with pytest.raises(WorkingStateLostError, match="a1-e0-t3 is not on this executor"):
+    missing = StateInput(version="a1-e0-t3")
+    with pytest.raises(
+        WorkingStateLostError, match=r"a1-e0-t3 of cnt\[0\] is not on this executor"
+    ):
         _run(tmp_path, CheckpointingMode.EXACTLY_ONCE, state=missing)
 
 

@@ -3,7 +3,8 @@
 Flink's ``FileSystemCheckpointStorage``. The base directory may be ``file://``, a plain local
 path, ``s3://``, ``hdfs://``, ``memory://`` in tests... Layout: ``<base>/<job-id>/chk-<n>/<name>``
 for state and ``<base>/<job-id>/chk-<n>/_metadata`` for a completed checkpoint's metadata;
-``<base>/<job-id>/shared/`` is reserved for incremental state. The storage is shipped to Spark
+``<base>/<job-id>/shared/`` is reserved for incremental state; ``<base>/<job-id>/working/``
+holds the durable copies of working state between epochs. The storage is shipped to Spark
 executors: it holds plain strings and creates its fsspec filesystem lazily.
 """
 
@@ -33,6 +34,7 @@ from sparkpoint.state.key_groups import KeyGroupRange
 
 METADATA_FILE = "_metadata"
 SHARED_DIR = "shared"
+WORKING_DIR = "working"
 _CHECKPOINT_PREFIX = "chk-"
 
 
@@ -149,6 +151,37 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             ) from err
         verify_state(data, handle, f"state file {handle.path}")
         return bytes(data)
+
+    # ------------------------------------------------------------------------- working state
+
+    def write_working_state(self, job_id: str, name: str, tag: str, data: bytes) -> str:
+        """Write the durable copy of a subtask's working state; returns its URL.
+
+        Layout ``<base>/<job-id>/working/<name>/<tag>.state``: a subtask that lands on an
+        executor without the local copy reads this one instead of failing the epoch.
+        """
+        check_segment(name, "working state name")
+        check_segment(tag, "working state version")
+        directory = f"{self._job_dir(job_id)}/{WORKING_DIR}/{name}"
+        self.fs.makedirs(directory, exist_ok=True)
+        path = f"{directory}/{tag}.state"
+        self.fs.pipe_file(path, bytes(data))
+        return self._url(path)
+
+    def read_working_state(self, url: str) -> bytes | None:
+        """The bytes of a durable working-state copy, or None when it is not there."""
+        try:
+            return bytes(self.fs.cat_file(self._inside_base(url)))
+        except FileNotFoundError:
+            return None
+
+    def discard_working_state(self, job_id: str, urls: Iterable[str] | None = None) -> None:
+        """Delete durable working-state copies: the given ones, or all of the job's."""
+        if urls is None:
+            self._remove_quietly(f"{self._job_dir(job_id)}/{WORKING_DIR}", recursive=True)
+            return
+        for url in urls:
+            self._remove_quietly(self._inside_base(url))
 
     # ------------------------------------------------------------------------- metadata
 

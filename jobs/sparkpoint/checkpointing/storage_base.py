@@ -16,7 +16,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sparkpoint.errors import CheckpointError, CorruptSnapshotError, StorageLocationError
+from sparkpoint.errors import (
+    CheckpointError,
+    ConfigurationError,
+    CorruptSnapshotError,
+    StorageLocationError,
+)
 from sparkpoint.protocol import StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
 
@@ -111,6 +116,21 @@ class CheckpointStorage(abc.ABC):
     @abc.abstractmethod
     def discard(self, job_id: str, checkpoint_id: int) -> None:
         """Delete everything of a checkpoint; nothing happens when it is already gone."""
+
+    def write_working_state(self, job_id: str, name: str, tag: str, data: bytes) -> str:
+        """Write a durable copy of a subtask's working state (filesystem storage only)."""
+        raise ConfigurationError(
+            f"{type(self).__name__} cannot keep durable working state; use --checkpoint-dir"
+        )
+
+    def read_working_state(self, url: str) -> bytes | None:
+        """The bytes of a durable working-state copy, or None when it is not there."""
+        return None
+
+    def discard_working_state(  # noqa: B027 - storage without durable copies has none
+        self, job_id: str, urls: Iterable[str] | None = None
+    ) -> None:
+        """Delete durable working-state copies (the given ones, or all of the job's)."""
 
     @abc.abstractmethod
     def cleanup_incomplete(self, job_id: str, *, keep: Iterable[int] = ()) -> list[int]:

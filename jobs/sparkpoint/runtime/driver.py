@@ -23,10 +23,11 @@ from sparkpoint.checkpointing.pending import CompletedCheckpoint, FailedCheckpoi
 from sparkpoint.checkpointing.restart import restart_strategy_from_config
 from sparkpoint.checkpointing.storage import (
     CheckpointStorage,
+    FileSystemCheckpointStorage,
     checkpoint_storage_from_options,
 )
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.errors import InjectedFailure, SparkpointError
+from sparkpoint.errors import ConfigurationError, InjectedFailure, SparkpointError
 from sparkpoint.events import EventSink, FanOutEventSink, InMemoryEventSink, JsonLinesEventSink
 from sparkpoint.graph import JobGraph
 from sparkpoint.options import JobOptions
@@ -117,6 +118,7 @@ class JobDriver:
         n_state = graph.keyed.parallelism if graph.keyed else graph.source.parallelism
         self.state_inputs: tuple[StateInput, ...] = tuple(StateInput() for _ in range(n_state))
         self.initial_point: RestorePoint | None = None  # --from-checkpoint, the fallback
+        self.durable = durable_working_state(options, self.storage)
         self.restore_storage: CheckpointStorage | None = None
 
     # ------------------------------------------------------------------ events
@@ -174,6 +176,7 @@ class JobDriver:
             # Step 5
             self._set_status(p.JobStatus.FINISHED)
             shutil.rmtree(os.path.join(self.options.local_dir, self.job_id), ignore_errors=True)
+            self.storage.discard_working_state(self.job_id)
         except JobFailedError:
             self._set_status(p.JobStatus.FAILED)
             raise
@@ -247,6 +250,8 @@ class JobDriver:
             local_dir=self.options.local_dir,
             failure=self.failure,
             restore_storage=self.restore_storage,
+            durable_working_state=self.durable,
+            isolate_workers=self.options.isolate_workers,
         )
         started = self.clock.monotonic_ms()
         try:
@@ -272,13 +277,15 @@ class JobDriver:
             raise EpochFailedError(plan.epoch, f"no report from subtasks {missing}")
         # Step 1: the working-state versions written by the accepted task attempts.
         tail_uid = self.graph.sink_vertex_uid
+        replaced = [i.durable_path for i in self.state_inputs if i.durable_path]
         self.state_inputs = tuple(
             StateInput(
                 version=by_task[(tail_uid, i)].state_version,
-                version_path=by_task[(tail_uid, i)].state_version_path,
+                durable_path=by_task[(tail_uid, i)].state_durable_path,
             )
             for i in range(len(self.state_inputs))
         )
+        self.storage.discard_working_state(self.job_id, replaced)
         # Step 2: positions, counters.
         self.planner.advance(list(plan.ranges))
         records = sum(r.records for r in plan.ranges)
@@ -439,6 +446,7 @@ class JobDriver:
         aborted = sink.abort_uncommitted(sink_uid, keep=set())
         # Step 3
         self.planner.reset(point.source_positions() if point else {})
+        self.storage.discard_working_state(self.job_id)  # every version is stale now
         # Step 4
         n = len(self.state_inputs)
         if point is not None and self.graph.keyed is not None:
@@ -457,3 +465,17 @@ class JobDriver:
                 aborted_parts=aborted,
             )
         )
+
+
+def durable_working_state(options: JobOptions, storage: CheckpointStorage) -> bool:
+    """Whether working state is also kept in checkpoint storage between epochs.
+
+    On by default when the master is not local: on a cluster the next epoch's task may run on
+    another machine. Local masters (``local[*]``, ``local-cluster[...]``) share one disk.
+    """
+    if options.durable_working_state is False:
+        return False
+    can = isinstance(storage, FileSystemCheckpointStorage)
+    if options.durable_working_state and not can:
+        raise ConfigurationError("--durable-working-state on needs --checkpoint-dir")
+    return can and (options.durable_working_state or not options.master.startswith("local"))

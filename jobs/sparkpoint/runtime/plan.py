@@ -33,13 +33,14 @@ class SplitRange:
 class StateInput:
     """Where a keyed subtask's working state comes from at the start of an epoch.
 
-    ``version``: the local file the previous accepted epoch wrote (reused only when the
-    file's tag matches); ``handles``: a checkpoint's state handles to restore (every handle
-    of the operator: the subtask keeps the key groups in its range); neither: empty state.
+    ``version``: the tag of the version the previous accepted epoch wrote, read from this
+    executor's local disk or else from ``durable_path``; ``handles``: a checkpoint's state
+    handles to restore (every handle of the operator: the subtask keeps the key groups in its
+    range); neither: empty state.
     """
 
     version: str | None = None
-    version_path: str | None = None
+    durable_path: str | None = None
     handles: tuple[p.StateHandleModel, ...] = ()
     restored_from: int | None = None
 
@@ -83,6 +84,8 @@ class EpochPlan:
     storage: CheckpointStorage
     local_dir: str
     restore_storage: CheckpointStorage | None = None  # where restored handles live
+    durable_working_state: bool = False  # also keep each working-state version in storage
+    isolate_workers: bool = False  # testing: every Python worker acts as its own executor
     chunk_records: int = 262_144
     failure: FailureInjection | None = None
 
@@ -111,5 +114,5 @@ class TaskReport:
     acks: list[p.SnapshotCompleted] = field(default_factory=list)
     declines: list[p.CheckpointDeclined] = field(default_factory=list)
     state_version: str | None = None
-    state_version_path: str | None = None
+    state_durable_path: str | None = None
     split_end: dict[str, int] = field(default_factory=dict)

@@ -184,25 +184,51 @@ def run_chain(chain: list[Any], batch: Batch) -> Batch:
     return batch
 
 
-def open_working_state(plan: EpochPlan, subtask: int) -> working_state.WorkingState:
-    """Step 1 of every epoch: open the expected version (or start empty / from a restore)."""
+def _local_dir(plan: EpochPlan, uid: str, subtask: int) -> str:
+    base = plan.local_dir
+    if plan.isolate_workers:  # testing: no two Python workers share a local copy
+        base = os.path.join(base, f"worker-{os.getpid()}")
+    return working_state.version_dir(base, plan.job_id, uid, subtask)
+
+
+def open_working_state(plan: EpochPlan, uid: str, subtask: int) -> working_state.WorkingState:
+    """Step 1 of every epoch: open the expected version (or start empty / from a restore).
+
+    The local copy when this executor has it, else the durable copy; neither is an error
+    (:class:`~sparkpoint.runtime.working_state.WorkingStateLostError`), never empty state.
+    """
     inp = plan.state_inputs[subtask]
-    if inp.version is not None and inp.version_path is not None:
-        return working_state.load(inp.version_path, inp.version)
-    return working_state.WorkingState()
+    if inp.version is None:
+        return working_state.WorkingState()
+    directory = _local_dir(plan, uid, subtask)
+    data = working_state.read_local(directory, inp.version)
+    where = os.path.join(directory, working_state.file_name(inp.version))
+    if data is None and inp.durable_path is not None:
+        data = plan.storage.read_working_state(inp.durable_path)
+        where = inp.durable_path
+    if data is None:
+        raise working_state.WorkingStateLostError(
+            f"working state {inp.version} of {uid}[{subtask}] is not on this executor "
+            f"({where}) and has no durable copy; recovering from the latest checkpoint"
+        )
+    return working_state.decode(data, inp.version, where)
 
 
 def save_working_state(
     plan: EpochPlan, uid: str, subtask: int, report: TaskReport, state: working_state.WorkingState
 ) -> None:
     """Last step of every epoch: write version v+1, tagged by who wrote it."""
-    directory = working_state.version_dir(plan.local_dir, plan.job_id, uid, subtask)
     tag = f"a{plan.attempt}-e{plan.epoch}-t{report.task_attempt}"
-    path = working_state.save(directory, tag, state)
+    data = working_state.encode(tag, state)
+    directory = _local_dir(plan, uid, subtask)
+    working_state.save_local(directory, tag, data)
+    keep = {working_state.file_name(tag)}
     inp = plan.state_inputs[subtask]
-    keep = {os.path.basename(path)}
-    if inp.version_path:
-        keep.add(os.path.basename(inp.version_path))  # until the driver accepts this epoch
+    if inp.version is not None:  # until the driver accepts this epoch
+        keep.add(working_state.file_name(inp.version))
     working_state.prune(directory, keep)
+    if plan.durable_working_state:
+        report.state_durable_path = plan.storage.write_working_state(
+            plan.job_id, f"{uid}-{subtask}", tag, data
+        )
     report.state_version = tag
-    report.state_version_path = path

@@ -88,7 +88,7 @@ def run_source_task(
     targets = keyed.parallelism if keyed is not None else 0
     state = sink = checkpointer = None
     if keyed is None:  # the sink is chained into the source vertex
-        state = open_working_state(plan, subtask)
+        state = open_working_state(plan, uid, subtask)
         state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
         sink = _sink_tail(graph, plan, uid, subtask, info, state)
     checkpointer = SubtaskCheckpointer(
@@ -178,7 +178,7 @@ def run_keyed_task(
     forwarded: list[TaskReport] = []
     # Step 1
     kg_range = key_group_range(subtask, keyed.parallelism, keyed.max_parallelism)
-    state = open_working_state(plan, subtask)
+    state = open_working_state(plan, uid, subtask)
     inp = plan.state_inputs[subtask]
     if inp.handles:
         reader = plan.restore_storage or plan.storage

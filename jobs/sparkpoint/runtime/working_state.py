@@ -1,11 +1,15 @@
-"""Versioned working state of a subtask between epochs, on the executor's local disk.
+"""Versioned working state of a subtask between epochs: a local copy and a durable one.
 
 An epoch opens version *v* of a subtask's state and writes *v+1*; the driver makes *v+1*
 current only once it accepted the epoch (execution contract 4, as Spark's own state store
 does). The version tag names the job attempt, epoch and task attempt that wrote it, so a copy
-left by a losing task attempt, or one from an older attempt, is never reused: opening a tag
-that is not on this disk raises :class:`WorkingStateLostError`, which fails the epoch, and the
-job recovers from its latest checkpoint (state, source positions and sink transactions).
+left by a losing task attempt, or one from an older attempt, is never reused.
+
+Each version goes to the executor's local disk and, when the job keeps durable working state
+(on a cluster: by default whenever the master is not ``local``), to the checkpoint storage as
+well. A subtask that lands on an executor without the local copy reads the durable one; when
+neither is there, opening it raises :class:`WorkingStateLostError`, which fails the epoch, and
+the job recovers from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ _MAGIC = b"SPWS1"
 
 
 class WorkingStateLostError(SparkpointError):
-    """The expected working-state version is not on this executor's disk."""
+    """The expected working-state version is neither on this executor nor stored durably."""
 
 
 @dataclass
@@ -40,39 +44,49 @@ def version_dir(local_dir: str, job_id: str, uid: str, subtask: int) -> str:
     return os.path.join(local_dir, job_id, uid, str(subtask))
 
 
-def save(directory: str, tag: str, state: WorkingState) -> str:
+def file_name(tag: str) -> str:
+    return f"{tag}.state"
+
+
+def encode(tag: str, state: WorkingState) -> bytes:
+    """The bytes of version ``tag`` (the same for the local and the durable copy)."""
+    return _MAGIC + pickle.dumps((tag, state), protocol=5)
+
+
+def decode(data: bytes, tag: str, where: str) -> WorkingState:
+    """Open version ``tag`` from ``data`` read at ``where``; anything else is refused."""
+    if not data.startswith(_MAGIC):
+        raise WorkingStateLostError(f"{where} is not a Sparkpoint working-state file")
+    found_tag, state = pickle.loads(data[len(_MAGIC) :])
+    if found_tag != tag:
+        raise WorkingStateLostError(f"{where} holds version {found_tag}, expected {tag}")
+    if not isinstance(state, WorkingState):
+        raise WorkingStateLostError(f"{where} does not hold working state")
+    return state
+
+
+def save_local(directory: str, tag: str, data: bytes) -> str:
     """Write version ``tag`` (temp file, then atomic rename) and return its path."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{tag}.state")
+    path = os.path.join(directory, file_name(tag))
     tmp = path + ".tmp"
     with open(tmp, "wb") as fh:
-        fh.write(_MAGIC)
-        pickle.dump((tag, state), fh, protocol=5)
+        fh.write(data)
     os.replace(tmp, path)
     return path
 
 
-def load(path: str, tag: str) -> WorkingState:
-    """Open version ``tag`` at ``path``; anything else is refused."""
+def read_local(directory: str, tag: str) -> bytes | None:
+    """The local copy of version ``tag``, or None when this executor does not have it."""
     try:
-        with open(path, "rb") as fh:
-            if fh.read(len(_MAGIC)) != _MAGIC:
-                raise WorkingStateLostError(f"{path} is not a Sparkpoint working-state file")
-            found_tag, state = pickle.load(fh)
-    except FileNotFoundError as err:
-        raise WorkingStateLostError(
-            f"working state {tag} is not on this executor ({path}); recovering from the "
-            "latest checkpoint"
-        ) from err
-    if found_tag != tag:
-        raise WorkingStateLostError(f"{path} holds version {found_tag}, expected {tag}")
-    if not isinstance(state, WorkingState):
-        raise WorkingStateLostError(f"{path} does not hold working state")
-    return state
+        with open(os.path.join(directory, file_name(tag)), "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
 
 
 def prune(directory: str, keep: set[str]) -> None:
-    """Delete versions other than ``keep`` (older ones and those of losing attempts)."""
+    """Delete local versions other than ``keep`` (older ones and those of losing attempts)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
