@@ -32,9 +32,9 @@ def _sparkpoint(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_run_with_fail_after_recovers_and_commits_exactly_once(tmp_path: Path) -> None:
-    out, events = tmp_path / "out", tmp_path / "events.jsonl"
-    proc = _sparkpoint(
+def _run_pv(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``sparkpoint run`` of the PV job: 12,000 events, 7 apps, small epochs, 0.2 s checkpoints."""
+    return _sparkpoint(
         "run",
         "jobs/examples/pv_count.py",
         "--standalone",
@@ -48,19 +48,21 @@ def test_run_with_fail_after_recovers_and_commits_exactly_once(tmp_path: Path) -
         str(tmp_path / "local"),
         "--restart-delay",
         "0",
-        "--events-log",
-        str(events),
         "--events",
         "12000",
         "--apps",
         "7",
         "--rate",
         "0",
-        "--fail-after",
-        "2500",
         "--output",
-        str(out),
+        str(tmp_path / "out"),
+        *extra,
     )
+
+
+def test_run_with_fail_after_recovers_and_commits_exactly_once(tmp_path: Path) -> None:
+    out, events = tmp_path / "out", tmp_path / "events.jsonl"
+    proc = _run_pv(tmp_path, "--events-log", str(events), "--fail-after", "2500")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FINISHED" in proc.stdout and "1 restores" in proc.stdout
     assert line_counts(str(out)) == expected_every_lines()
@@ -111,32 +113,14 @@ def test_missing_job_file_exits_2(tmp_path: Path) -> None:
 
 def test_a_killed_driver_is_restarted_from_its_latest_checkpoint(tmp_path: Path) -> None:
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
-    proc = _sparkpoint(
-        "run",
-        "jobs/examples/pv_count.py",
-        "--standalone",
+    proc = _run_pv(
+        tmp_path,
         "--job-id",
         "crashy",
-        "--checkpoint-dir",
-        f"file://{tmp_path / 'chk'}",
-        "--checkpoint-interval",
-        "0.2",
-        "--max-epoch-records",
-        "1000",
-        "--local-dir",
-        str(tmp_path / "local"),
         "--events-log",
         str(events),
         "--crash-after-checkpoint",
         "3",
-        "--events",
-        "12000",
-        "--apps",
-        "7",
-        "--rate",
-        "0",
-        "--output",
-        str(out),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "driver of job crashy crashed (signal 9); restarting from file://" in proc.stderr
@@ -157,33 +141,7 @@ def test_a_killed_driver_is_restarted_from_its_latest_checkpoint(tmp_path: Path)
 def test_two_executor_jvms_recover_exactly_once(tmp_path: Path) -> None:
     """``local-cluster`` starts two executor JVMs: subtasks land on either, epoch by epoch."""
     out = tmp_path / "out"
-    proc = _sparkpoint(
-        "run",
-        "jobs/examples/pv_count.py",
-        "--standalone",
-        "--master",
-        "local-cluster[2,1,1024]",
-        "--checkpoint-dir",
-        f"file://{tmp_path / 'chk'}",
-        "--checkpoint-interval",
-        "0.2",
-        "--max-epoch-records",
-        "1000",
-        "--local-dir",
-        str(tmp_path / "local"),
-        "--restart-delay",
-        "0",
-        "--events",
-        "12000",
-        "--apps",
-        "7",
-        "--rate",
-        "0",
-        "--fail-after",
-        "2500",
-        "--output",
-        str(out),
-    )
+    proc = _run_pv(tmp_path, "--master", "local-cluster[2,1,1024]", "--fail-after", "2500")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 restores" in proc.stdout
     assert line_counts(str(out)) == expected_every_lines()
