@@ -7,6 +7,7 @@ mode with the same failure must show duplicates.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,30 @@ def test_subtasks_that_move_between_workers_read_the_durable_working_state(
     assert line_counts(out) == baseline
     chk = tmp_path / "moving" / "chk" / "pv-moving"
     assert not (chk / "working").exists()  # durable copies are removed once the job finished
+
+
+def test_without_periodic_checkpoints_the_final_checkpoint_commits_everything(
+    spark: Any, tmp_path: Path, baseline: Counter[str]
+) -> None:
+    result, out = run_pv(spark, tmp_path, "final-only", interval_ms=0)
+    assert result.completed_checkpoints == [1]
+    assert line_counts(out) == baseline
+
+
+def _latest_pv(lines: Counter[str]) -> dict[str, int]:
+    latest: dict[str, int] = {}
+    for line in lines:
+        record = json.loads(line)
+        latest[record["app_id"]] = max(latest.get(record["app_id"], 0), record["pv"])
+    return latest
+
+
+def test_emit_epoch_ends_with_the_true_count_of_every_app_after_a_failure(
+    spark: Any, tmp_path: Path
+) -> None:
+    failure = FailureInjection("keyed", subtask=0, records=150, at_epoch=2)
+    result, out = run_pv(spark, tmp_path, "epoch-emit", emit="epoch", failure=failure)
+    assert len(result.restores) == 1
+    lines = line_counts(out)
+    assert _latest_pv(lines) == true_counts()
+    assert len(lines) < EVENTS // 10  # a line per key and epoch, not per event
