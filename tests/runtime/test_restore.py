@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import pytest
 
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
+from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import JobStatus, SnapshotCompleted
 from sparkpoint.runtime.driver import JobFailedError
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
@@ -117,3 +118,18 @@ def test_corrupt_snapshot_is_refused_naming_the_file(spark: Any, tmp_path: Path)
     message = str(err.value)
     assert "CorruptSnapshotError" in message
     assert urlparse(f"file://{victim}").path in message or os.fspath(victim) in message
+
+
+def test_a_checkpoint_that_does_not_fit_the_job_is_refused_before_spark_runs(
+    spark: Any, tmp_path: Path
+) -> None:
+    run_pv(spark, tmp_path, "src")
+    latest = _chk_dirs(tmp_path, "src")[-1]
+    with pytest.raises(ConfigurationError, match=r"positions of source splits \['generator-0'"):
+        run_pv(spark, tmp_path, "three", splits=3, from_checkpoint=f"file://{latest}")
+    meta = json.loads((latest / "_metadata").read_text())
+    for ack in meta["acks"]:
+        ack["operator_id"] = ack["operator_id"].replace("pv", "views")
+    (latest / "_metadata").write_text(json.dumps(meta))
+    with pytest.raises(ConfigurationError, match=r"state of operators \['views'\]"):
+        run_pv(spark, tmp_path, "renamed", from_checkpoint=f"file://{latest}")

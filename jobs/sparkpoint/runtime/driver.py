@@ -35,6 +35,7 @@ from sparkpoint.runtime.plan import EpochPlan, FailureInjection, StateInput, Tas
 from sparkpoint.runtime.planner import EpochPlanner
 from sparkpoint.runtime.recovery import (
     RestorePoint,
+    check_restore_point,
     checkpoint_metadata,
     restore_point_from_metadata,
     storage_for_checkpoint_path,
@@ -135,14 +136,20 @@ class JobDriver:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> JobResult:
-        """Steps: (1) Spark session, (2) register, (3) restore if asked, (4) epochs until
-        the final checkpoint committed, (5) FINISHED."""
+        """Steps: (1) read the checkpoint to start from, if any, (2) Spark session,
+        (3) register, (4) restore, (5) epochs until the final checkpoint committed,
+        (6) FINISHED."""
         started = self.clock.monotonic_ms()
-        # Step 1
+        # Step 1: before Spark starts, so that a wrong path fails at once.
+        point = None
+        if self.options.from_checkpoint:
+            point = restore_point_from_metadata(self.storage, self.options.from_checkpoint)
+            check_restore_point(point, self.graph)
+        # Step 2
         session = self._spark or spark_session(self.options.master, self.graph.name)
         runner = SparkEpochRunner(self.graph, session)
         runner.warm_up()
-        # Step 2
+        # Step 3
         self._publish(
             p.JobRegistered(
                 job_name=self.graph.name,
@@ -153,9 +160,8 @@ class JobDriver:
         )
         for cid in self.storage.cleanup_incomplete(self.job_id):
             self._publish(p.CheckpointAborted(checkpoint_id=cid, reason="no _metadata: removed"))
-        # Step 3
-        if self.options.from_checkpoint:
-            point = restore_point_from_metadata(self.storage, self.options.from_checkpoint)
+        # Step 4
+        if point is not None and self.options.from_checkpoint:
             self.restore_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
             self.initial_point = point
             self.coordinator = CheckpointCoordinator(
@@ -169,11 +175,11 @@ class JobDriver:
             self._restore(point)
         self._set_status(p.JobStatus.RUNNING)
         self.planner.start()
-        # Step 4
+        # Step 5
         try:
             while not self.finished:
                 self._run_one_epoch(runner)
-            # Step 5
+            # Step 6
             self._set_status(p.JobStatus.FINISHED)
             shutil.rmtree(os.path.join(self.options.local_dir, self.job_id), ignore_errors=True)
             self.storage.discard_working_state(self.job_id)

@@ -11,7 +11,8 @@ from typing import Any
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
-from sparkpoint.errors import CorruptSnapshotError
+from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
+from sparkpoint.graph import JobGraph
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,30 @@ def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> Restor
         return RestorePoint(int(meta["checkpoint_id"]), int(meta["attempt"]), acks, path)
     except (KeyError, TypeError, ValueError) as err:
         raise CorruptSnapshotError(f"{path}: not a valid Sparkpoint checkpoint: {err}") from err
+
+
+def check_restore_point(point: RestorePoint, graph: JobGraph) -> None:
+    """Refuse a checkpoint that does not fit the job: state of operators the job lacks, or
+    source positions of splits other than the job's (a silent mismatch would lose state or
+    replay input from the start).
+
+    Raises:
+        ConfigurationError: naming the checkpoint and what does not match.
+    """
+    tasks = graph.tasks()
+    unknown = sorted({a.operator_id for a in point.acks} - set(tasks))
+    if unknown:
+        raise ConfigurationError(
+            f"checkpoint {point.checkpoint_id} ({point.external_path}) has state of operators "
+            f"{unknown} that this job does not have (its operators: {sorted(tasks)})"
+        )
+    splits = set(graph.source.source.split_ids())
+    positions = set(point.source_positions())
+    if positions != splits:
+        raise ConfigurationError(
+            f"checkpoint {point.checkpoint_id} ({point.external_path}) has positions of source "
+            f"splits {sorted(positions)}, but the job's source has {sorted(splits)}"
+        )
 
 
 def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
