@@ -80,9 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-epoch-records", type=int, default=4_000_000)
     p.add_argument("--events-log")
     p.add_argument("--durable-working-state", choices=["auto", "on", "off"], default="auto")
-    p.add_argument("--restart-strategy", choices=["none", "fixed-delay"], default="fixed-delay")
-    p.add_argument("--restart-attempts", type=int, default=3)
-    p.add_argument("--restart-delay", type=float, default=1.0)
+    p.add_argument(
+        "--restart-strategy",
+        choices=["none", "fixed-delay", "failure-rate", "exponential-delay"],
+    )
+    p.add_argument("--restart-attempts", type=int)
+    p.add_argument("--restart-delay", type=float)
+    p.add_argument("--restart-option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--max-inline-state", type=int, default=1 << 20)
     return p
 
@@ -116,8 +120,7 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
     storage = ns.checkpoint_storage or ("filesystem" if ns.checkpoint_dir else "jobmanager")
     if storage == "filesystem" and not ns.checkpoint_dir:
         raise ConfigurationError("--checkpoint-storage filesystem needs --checkpoint-dir URL")
-    if ns.restart_attempts < 0:
-        raise ConfigurationError(f"--restart-attempts must be >= 0, got {ns.restart_attempts}")
+    restart = _restart_options(ns)
     checkpoint = CheckpointConfig(
         mode=CheckpointingMode(ns.mode),
         interval_ms=_seconds_to_ms("--checkpoint-interval", ns.checkpoint_interval),
@@ -126,10 +129,6 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         tolerable_failures=ns.tolerable_failures,
         retained=ns.retained,
     )
-    restart = {"restart-strategy.type": ns.restart_strategy}
-    if ns.restart_strategy == "fixed-delay":
-        restart["restart-strategy.fixed-delay.attempts"] = str(ns.restart_attempts)
-        restart["restart-strategy.fixed-delay.delay"] = f"{int(ns.restart_delay * 1000)} ms"
     options = JobOptions(
         job_id=ns.job_id or uuid.uuid4().hex,
         standalone=True,
@@ -151,3 +150,36 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         restart_strategy=restart,
     )
     return options, rest
+
+
+def _restart_options(ns: argparse.Namespace) -> dict[str, str]:
+    """Flink's ``restart-strategy.*`` options from the command line.
+
+    Nothing given: Flink's default (``exponential-delay`` when checkpointing is on, else
+    ``none``). ``--restart-attempts`` / ``--restart-delay`` alone mean ``fixed-delay``; any
+    other option of any strategy goes through ``--restart-option KEY=VALUE``.
+    """
+    out: dict[str, str] = {}
+    kind = ns.restart_strategy
+    if kind is None and (ns.restart_attempts is not None or ns.restart_delay is not None):
+        kind = "fixed-delay"
+    if kind is not None:
+        out["restart-strategy.type"] = kind
+    if ns.restart_attempts is not None:
+        if ns.restart_attempts < 0:
+            raise ConfigurationError(f"--restart-attempts must be >= 0, got {ns.restart_attempts}")
+        out["restart-strategy.fixed-delay.attempts"] = str(ns.restart_attempts)
+    if ns.restart_delay is not None:
+        if ns.restart_delay < 0:
+            raise ConfigurationError(
+                f"--restart-delay must be >= 0 seconds, got {ns.restart_delay}"
+            )
+        out["restart-strategy.fixed-delay.delay"] = f"{round(ns.restart_delay * 1000)} ms"
+    for item in ns.restart_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("restart-strategy"):
+            raise ConfigurationError(
+                f"--restart-option takes restart-strategy.KEY=VALUE, got {item!r}"
+            )
+        out[key.strip()] = value.strip()
+    return out

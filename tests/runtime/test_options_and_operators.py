@@ -90,3 +90,46 @@ def test_vectorized_running_count_equals_a_plain_loop(seed: int) -> None:
             expected.append({"k": k, "n": seen[k]})
         assert out.rows == expected
     assert backend.table("count") == dict(seen)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], {}),  # Flink's default, decided with checkpointing: exponential-delay or none
+        (
+            ["--restart-delay", "0"],
+            {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "0 ms"},
+        ),
+        (
+            [
+                "--restart-strategy",
+                "failure-rate",
+                "--restart-option",
+                "restart-strategy.failure-rate.max-failures-per-interval=3",
+            ],
+            {
+                "restart-strategy.type": "failure-rate",
+                "restart-strategy.failure-rate.max-failures-per-interval": "3",
+            },
+        ),
+    ],
+)
+def test_restart_options_are_flinks_keys(argv: list[str], expected: dict[str, str]) -> None:
+    opts, _ = parse_job_options(["--standalone", *argv])
+    assert opts.restart_strategy == expected
+
+
+def test_without_restart_options_flinks_default_strategy_applies() -> None:
+    from sparkpoint.checkpointing.restart import restart_strategy_from_config
+
+    for interval, kind in (("1", "exponential-delay"), ("0", "none")):
+        opts, _ = parse_job_options(["--standalone", "--checkpoint-interval", interval])
+        strategy = restart_strategy_from_config(
+            dict(opts.restart_strategy), checkpointing_enabled=opts.checkpoint.interval_ms > 0
+        )
+        assert strategy.to_config()["restart-strategy.type"] == kind
+
+
+def test_a_restart_option_outside_restart_strategy_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="--restart-option takes restart-strategy"):
+        parse_job_options(["--standalone", "--restart-option", "parallelism.default=4"])
