@@ -77,6 +77,14 @@ def run_once(
     }
 
 
+def write_results(stem: str, table: str, data: dict[str, object]) -> None:
+    """Print a result table and write it, with its raw numbers, to ``results/<stem>.md|json``."""
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.md").write_text(table + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=50_000_000)
@@ -117,15 +125,10 @@ def main() -> int:
         f"{os.cpu_count()} cores, {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
     )
     table = header + "\n\n" + "\n".join(rows)
-    print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "pv_throughput.md").write_text(table + "\n")
-    (RESULTS / "pv_throughput.json").write_text(
-        json.dumps(
-            {"events": args.events, "apps": args.apps, "runs": runs, "median": med, "ratio": ratio},
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        "pv_throughput",
+        table,
+        {"events": args.events, "apps": args.apps, "runs": runs, "median": med, "ratio": ratio},
     )
     spark.stop()
     return 0

@@ -12,7 +12,6 @@ JSON to ``tests/benchmarks/results/``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,11 +24,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from bench_pv import run_once  # noqa: E402  (also puts jobs/ on sys.path)
+from bench_pv import run_once, write_results  # noqa: E402  (also puts jobs/ on sys.path)
 
 from sparkpoint.runtime.spark import spark_session  # noqa: E402
 
-RESULTS = ROOT / "results"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -145,23 +143,18 @@ def main() -> int:
         f"Python {platform.python_version()}, Spark {spark.version}, {time.strftime('%Y-%m-%d')}"
     )
     table = header + "\n\n" + "\n".join(rows)
-    print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "vs_structured_streaming.md").write_text(table + "\n")
-    (RESULTS / "vs_structured_streaming.json").write_text(
-        json.dumps(
-            {
-                "events": args.events,
-                "apps": args.apps,
-                "sparkpoint_runs": sp,
-                "sparkpoint_events_per_s": sp_rate,
-                "structured_streaming": ss,
-                "ss_rows_per_batch": args.ss_rows_per_batch,
-                "ratio": ratio,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        "vs_structured_streaming",
+        table,
+        {
+            "events": args.events,
+            "apps": args.apps,
+            "sparkpoint_runs": sp,
+            "sparkpoint_events_per_s": sp_rate,
+            "structured_streaming": ss,
+            "ss_rows_per_batch": args.ss_rows_per_batch,
+            "ratio": ratio,
+        },
     )
     spark.stop()
     return 0
