@@ -18,6 +18,8 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.records import Batch, Column, DictColumn
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
+from sparkpoint.timers import InternalTimerService, TimerService
+from sparkpoint.watermarks import TimestampSelector, extract_timestamps
 
 KeySelector = str | Callable[[Any], Any]
 
@@ -88,15 +90,50 @@ class MapBatchOperator(StatelessOperator):
         return self.fn(batch)
 
 
-class KeyedContext:
-    """What a keyed function sees: the current key and its keyed state."""
+class TimestampsAndWatermarksOperator(StatelessOperator):
+    """Marks where the source task takes record timestamps and makes watermarks
+    (Flink's ``assignTimestampsAndWatermarks`` with ``forBoundedOutOfOrderness``).
 
-    def __init__(self, backend: HashMapKeyedStateBackend) -> None:
+    Records pass unchanged; the source task observes them here with a
+    :class:`~sparkpoint.watermarks.BoundedOutOfOrdernessWatermarks` of its own.
+    """
+
+    def __init__(self, uid: str, timestamps: TimestampSelector, out_of_orderness_ms: int):
+        super().__init__(uid, "timestamps_watermarks")
+        if out_of_orderness_ms < 0:
+            raise ConfigurationError(
+                f"max_out_of_orderness_ms must be >= 0, got {out_of_orderness_ms} ({uid})"
+            )
+        self.timestamps = timestamps
+        self.out_of_orderness_ms = out_of_orderness_ms
+
+    def apply(self, batch: Batch) -> Batch:
+        return batch
+
+
+class KeyedContext:
+    """What a keyed function sees: the current key, its keyed state and its timers.
+
+    ``timestamp`` is the event time of the record being processed (or of the timer firing),
+    None when the job assigns no timestamps.
+    """
+
+    def __init__(
+        self, backend: HashMapKeyedStateBackend, timers: InternalTimerService | None = None
+    ) -> None:
         self._backend = backend
+        self._timers = timers
+        self.timestamp: int | None = None
 
     @property
     def current_key(self) -> Any:
         return self._backend.current_key
+
+    def timer_service(self) -> TimerService:
+        """Event-time timers of the current key, and the current watermark."""
+        if self._timers is None:
+            raise ConfigurationError("this keyed operator has no timer service")
+        return TimerService(self._backend, self._timers)
 
     def get_state(self, descriptor: Any) -> Any:
         """The ValueState / ListState / MapState for ``descriptor``, scoped to the current key."""
@@ -111,6 +148,10 @@ class KeyedProcessFunction:
 
     def process_element(self, value: Any, ctx: KeyedContext) -> Iterable[Any]:
         raise NotImplementedError
+
+    def on_timer(self, timestamp: int, ctx: KeyedContext) -> Iterable[Any]:
+        """An event-time timer of ``ctx.current_key`` fired (the watermark passed it)."""
+        return ()
 
 
 def _group_codes(keys: DictColumn) -> tuple[list[Any], np.ndarray]:
@@ -161,6 +202,11 @@ class KeyedOperator(abc.ABC):
 
     def open(self, backend: HashMapKeyedStateBackend) -> None:
         self._changed: dict[Any, Any] = {}
+        self.late_records_dropped = 0
+
+    def on_watermark(self, backend: HashMapKeyedStateBackend) -> Batch:
+        """The subtask's watermark (``backend.current_watermark``) advanced: fire timers."""
+        return Batch.of_rows([])
 
     def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
         """With ``emit="epoch"``: the latest value of every key updated since the last flush.
@@ -262,20 +308,39 @@ class ProcessOperator(KeyedOperator):
 
     kind = "process"
 
-    def __init__(self, uid: str, selector: KeySelector, fn: KeyedProcessFunction) -> None:
+    def __init__(
+        self,
+        uid: str,
+        selector: KeySelector,
+        fn: KeyedProcessFunction,
+        timestamps: TimestampSelector | None = None,
+    ) -> None:
         super().__init__(uid, selector, "every")
         self.fn = fn
+        self.timestamps = timestamps
 
     def open(self, backend: HashMapKeyedStateBackend) -> None:
         super().open(backend)
-        self._ctx = KeyedContext(backend)
+        self._timers = InternalTimerService(backend)
+        self._ctx = KeyedContext(backend, self._timers)
         self.fn.open(self._ctx)
 
     def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
         out: list[Any] = []
         rows = batch.rows
         keys = select_keys(self.selector, batch).tolist()
-        for key, value in zip(keys, rows, strict=True):
+        stamps: list[Any] = [None] * len(rows)
+        if self.timestamps is not None:
+            stamps = extract_timestamps(self.timestamps, batch).tolist()
+        for key, value, ts in zip(keys, rows, stamps, strict=True):
             backend.set_current_key(key)
+            self._ctx.timestamp = ts
             out.extend(self.fn.process_element(value, self._ctx))
         return Batch.of_rows(out)
+
+    def on_watermark(self, backend: HashMapKeyedStateBackend) -> Batch:
+        return Batch.of_rows(self._timers.advance(self._on_timer))
+
+    def _on_timer(self, timestamp: int, key: Any) -> Iterable[Any]:
+        self._ctx.timestamp = timestamp
+        return self.fn.on_timer(timestamp, self._ctx)

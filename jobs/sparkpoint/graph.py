@@ -31,9 +31,12 @@ from sparkpoint.functions import (
     ProcessOperator,
     ReduceOperator,
     StatelessOperator,
+    TimestampsAndWatermarksOperator,
 )
 from sparkpoint.protocol import VertexModel
 from sparkpoint.records import Batch
+from sparkpoint.watermarks import TimestampSelector
+from sparkpoint.windows import WindowAssigner, WindowOperator, count_one
 
 if TYPE_CHECKING:
     from sparkpoint.options import JobOptions
@@ -49,6 +52,12 @@ class SourceVertex:
     @property
     def parallelism(self) -> int:
         return len(self.source.split_ids())
+
+    @property
+    def watermarks(self) -> TimestampsAndWatermarksOperator | None:
+        """Where the chain assigns timestamps and watermarks, if it does."""
+        found = [op for op in self.chain if isinstance(op, TimestampsAndWatermarksOperator)]
+        return found[0] if found else None
 
 
 @dataclass
@@ -190,6 +199,19 @@ class DataStream:
     def map_batch(self, fn: Callable[[Batch], Batch], uid: str) -> DataStream:
         return self._add(MapBatchOperator(uid, fn))
 
+    def assign_timestamps_and_watermarks(
+        self, timestamps: TimestampSelector, max_out_of_orderness_ms: int, uid: str
+    ) -> DataStream:
+        """Event time: each record's timestamp (ms) is field ``timestamps`` (or the function's
+        result); watermarks trail the highest timestamp by ``max_out_of_orderness_ms``
+        (Flink's ``WatermarkStrategy.forBoundedOutOfOrderness``). Before ``key_by`` only."""
+        graph = self._env.graph
+        if self._chain is not graph.source.chain:
+            raise ConfigurationError("assign timestamps and watermarks before key_by")
+        if graph.source.watermarks is not None:
+            raise ConfigurationError("a job assigns timestamps and watermarks once")
+        return self._add(TimestampsAndWatermarksOperator(uid, timestamps, max_out_of_orderness_ms))
+
     def key_by(self, selector: KeySelector) -> KeyedStream:
         graph = self._env.graph
         if graph.keyed is not None:
@@ -242,4 +264,67 @@ class KeyedStream:
     def process(
         self, fn: KeyedProcessFunction, uid: str, parallelism: int | None = None
     ) -> DataStream:
-        return self._keyed(ProcessOperator(uid, self._selector, fn), parallelism)
+        """Run ``fn`` per record with keyed state and event-time timers (timers fire only in
+        a job that assigns timestamps and watermarks)."""
+        wm = self._env.graph.source.watermarks
+        timestamps = wm.timestamps if wm is not None else None
+        return self._keyed(ProcessOperator(uid, self._selector, fn, timestamps), parallelism)
+
+    def window(self, assigner: WindowAssigner) -> WindowedStream:
+        """Event-time windows per key: tumbling or sliding."""
+        wm = self._env.graph.source.watermarks
+        if wm is None:
+            raise ConfigurationError(
+                "event-time windows need assign_timestamps_and_watermarks(...) before key_by"
+            )
+        return WindowedStream(self, assigner, wm.timestamps)
+
+
+class WindowedStream:
+    """A keyed stream cut into event-time windows; each window emits one record when the
+    watermark passes its end: ``{<key field>: key, "window_start": s, "window_end": e,
+    <output>: value}``."""
+
+    def __init__(
+        self, keyed: KeyedStream, assigner: WindowAssigner, timestamps: TimestampSelector
+    ) -> None:
+        self._keyed = keyed
+        self._assigner = assigner
+        self._timestamps = timestamps
+
+    def _window(
+        self,
+        uid: str,
+        add: Callable[[Any, Any], Any],
+        output: str,
+        parallelism: int | None,
+        **kw: Any,
+    ) -> DataStream:
+        k = self._keyed
+        op = WindowOperator(uid, k._selector, self._assigner, self._timestamps, add, output, **kw)
+        return k._keyed(op, parallelism)
+
+    def count(self, uid: str, output: str = "count", parallelism: int | None = None) -> DataStream:
+        """How many records of the key fall in each window."""
+        return self._window(uid, count_one, output, parallelism, initial=0, needs_values=False)
+
+    def reduce(
+        self,
+        fn: Callable[[Any, Any], Any],
+        uid: str,
+        output: str = "value",
+        parallelism: int | None = None,
+    ) -> DataStream:
+        """The window's records folded with ``fn`` (the first record starts the fold)."""
+        return self._window(uid, fn, output, parallelism)
+
+    def aggregate(
+        self,
+        add: Callable[[Any, Any], Any],
+        initial: Any,
+        uid: str,
+        output: str = "value",
+        parallelism: int | None = None,
+    ) -> DataStream:
+        """``add(accumulator, record)`` over the window's records, from a copy of ``initial``."""
+        return self._window(uid, add, output, parallelism, initial=initial)

@@ -109,6 +109,7 @@ class TaskReport:
     task_attempt: int
     records_in: int = 0
     records_out: int = 0
+    late_records_dropped: int = 0  # by event-time windows: their windows had fired
     duration_ms: float = 0.0
     events: list[p.EventPayload] = field(default_factory=list)
     acks: list[p.SnapshotCompleted] = field(default_factory=list)

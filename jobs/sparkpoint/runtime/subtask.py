@@ -20,10 +20,12 @@ from sparkpoint.checkpointing.storage import StateTooLargeError
 from sparkpoint.clock import Clock
 from sparkpoint.connectors.sinks import SinkWriter
 from sparkpoint.errors import InjectedFailure
+from sparkpoint.functions import TimestampsAndWatermarksOperator
 from sparkpoint.records import Batch
 from sparkpoint.runtime import working_state
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
+from sparkpoint.watermarks import BoundedOutOfOrdernessWatermarks
 
 
 @dataclass
@@ -176,11 +178,17 @@ class SubtaskCheckpointer:
         )
 
 
-def run_chain(chain: list[Any], batch: Batch) -> Batch:
+def run_chain(
+    chain: list[Any], batch: Batch, watermarks: BoundedOutOfOrdernessWatermarks | None = None
+) -> Batch:
+    """Apply the chained operators; ``watermarks`` observes the records where the chain
+    assigns timestamps."""
     for op in chain:
         if not len(batch):
             return batch
         batch = op.apply(batch)
+        if watermarks is not None and isinstance(op, TimestampsAndWatermarksOperator):
+            watermarks.observe(batch)
     return batch
 
 

@@ -2,9 +2,10 @@
 
 Elements that cross the key-group exchange are ``(target subtask, (channel, payload))`` with
 ``payload`` a :class:`~sparkpoint.records.Batch`, a
-:class:`~sparkpoint.checkpointing.barriers.CheckpointBarrier` (broadcast to every target, behind
-every record the source wrote before it) or a source :class:`TaskReport` forwarded to the
-driver through the keyed task's result.
+:class:`~sparkpoint.checkpointing.barriers.CheckpointBarrier` or a
+:class:`~sparkpoint.watermarks.Watermark` (both broadcast to every target, behind every record
+the source wrote before them) or a source :class:`TaskReport` forwarded to the driver through
+the keyed task's result.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from sparkpoint.runtime.subtask import (
 from sparkpoint.runtime.working_state import WorkingStateLostError
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import key_group_range, key_groups_of
+from sparkpoint.watermarks import (
+    MAX_WATERMARK,
+    BoundedOutOfOrdernessWatermarks,
+    Watermark,
+    WatermarkValve,
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +106,18 @@ def run_source_task(
     if failure is not None and rng.start <= failure.offset < rng.end:
         stop = failure.offset
 
+    assigner = graph.source.watermarks
+    generator = None
+    if assigner is not None and keyed is not None:
+        generator = BoundedOutOfOrdernessWatermarks(
+            assigner.timestamps, assigner.out_of_orderness_ms
+        )
+    total = graph.source.source.total(rng.split) if generator is not None else None
+    split_ends = total is not None and rng.end >= total
+    ended = False  # Watermark(MAX_WATERMARK) went out
+
     def emit(batch: Batch) -> Iterator[Any]:
-        batch = run_chain(graph.source.chain, batch)
+        batch = run_chain(graph.source.chain, batch, generator)
         report.records_out += len(batch)
         if keyed is None:
             assert sink is not None
@@ -109,16 +126,34 @@ def run_source_task(
         for target, part in _route(batch, graph, targets):
             yield target, (subtask, part)
 
+    def broadcast(watermark: Watermark) -> Iterator[Any]:
+        for target in range(targets):
+            yield target, (subtask, watermark)
+
     def read(start: int, end: int) -> Iterator[Any]:
+        last: Watermark | None = None
         for lo in range(start, end, plan.chunk_records):
             hi = min(end, lo + plan.chunk_records)
             batch = graph.source.source.read(rng.split, lo, hi)
             report.records_in += len(batch)
             yield from emit(batch)
+            watermark = generator.current() if generator is not None else None
+            if watermark is not None and watermark != last:
+                last = watermark
+                yield from broadcast(watermark)
+
+    def end_of_split() -> Iterator[Any]:
+        """At the end of a bounded split: the end of event time, once."""
+        nonlocal ended
+        if split_ends and not ended:
+            ended = True
+            yield from broadcast(Watermark(MAX_WATERMARK))
 
     barrier_at = rng.barrier_offset
     if plan.barrier is not None and barrier_at is not None and barrier_at <= stop:
         yield from read(rng.start, barrier_at)
+        if barrier_at == rng.end:  # the final barrier: event time ends before it
+            yield from end_of_split()
         report.events.append(
             p.BarrierInjected(
                 checkpoint_id=plan.barrier.checkpoint_id,
@@ -136,7 +171,9 @@ def run_source_task(
         yield from read(barrier_at, stop)
     else:
         yield from read(rng.start, stop)
-    if stop != rng.end:
+    if stop == rng.end:
+        yield from end_of_split()
+    else:
         raise InjectedFailure(
             f"injected failure in source {uid}[{subtask}] at offset {stop} of {rng.split_id} "
             f"(job attempt {plan.attempt}, epoch {plan.epoch})"
@@ -205,6 +242,8 @@ def run_keyed_task(
         plan, uid, subtask, report, clock, backend=backend, sink=sink, pending=state.pending
     )
     op = keyed.operator
+    valve = WatermarkValve(backend.channel_watermarks, graph.source.parallelism)
+    backend.current_watermark = valve.current
     op.open(backend)
     handler = BarrierHandler(graph.source.parallelism, plan.mode, clock)
     fail_records = plan.injects("keyed", subtask)
@@ -260,6 +299,11 @@ def run_keyed_task(
                 checkpointer.on_barrier(out.barrier, stats)
             elif isinstance(out, Aborted):
                 continue
+            elif isinstance(out.element, Watermark):
+                advanced = valve.input(out.channel, out.element)
+                if advanced is not None:
+                    backend.current_watermark = advanced
+                    emit(op.on_watermark(backend))
             else:
                 process(out.element)  # type: ignore[arg-type]
         if (
@@ -274,6 +318,7 @@ def run_keyed_task(
     handler.end_of_input()
     # Step 3
     emit(op.flush_updates(backend))
+    report.late_records_dropped = op.late_records_dropped
     state.open_txn = sink.close_epoch()
     state.backend = backend
     # Step 4

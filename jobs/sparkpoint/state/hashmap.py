@@ -47,6 +47,7 @@ from sparkpoint.state.snapshot_format import (
     decode_snapshot,
     encode_snapshot,
 )
+from sparkpoint.watermarks import MIN_WATERMARK, merge_channel_watermarks
 
 __all__ = ["SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "HashMapKeyedStateBackend"]
 
@@ -80,6 +81,10 @@ class HashMapKeyedStateBackend:
         self._tables: dict[str, dict[Any, Any]] = {}
         self._current_key: Any = NO_KEY
         self._current_key_group = -1
+        # Operator state of event time: the latest watermark of every input channel (in
+        # snapshots and working state) and the subtask's watermark, their minimum.
+        self.channel_watermarks: dict[int, int] = {}
+        self.current_watermark = MIN_WATERMARK
 
     def __repr__(self) -> str:
         return (
@@ -233,7 +238,11 @@ class HashMapKeyedStateBackend:
             KeyGroupOutOfRangeError: when a raw table holds a key of another key group range.
         """
         return encode_snapshot(
-            self._tables, self._kinds, self._max_parallelism, self._key_group_range
+            self._tables,
+            self._kinds,
+            self._max_parallelism,
+            self._key_group_range,
+            self.channel_watermarks,
         )
 
     @classmethod
@@ -250,7 +259,8 @@ class HashMapKeyedStateBackend:
         1. check each blob's header and decode it;
         2. check that it was taken with the same max parallelism;
         3. register its states (name and kind);
-        4. merge the key groups that lie in ``key_group_range``, skip the others.
+        4. merge the key groups that lie in ``key_group_range``, skip the others;
+        5. merge the channel watermarks (per channel the minimum over the blobs).
 
         Raises:
             CorruptSnapshotError: a wrong magic, version or structure, a key group outside the
@@ -261,6 +271,7 @@ class HashMapKeyedStateBackend:
         backend = cls(max_parallelism, key_group_range)
         start, end = key_group_range.start, key_group_range.end
         owner: dict[int, int] = {}  # key group -> index of the blob it came from
+        watermarks: list[dict[int, int]] = []
         for index, blob in enumerate(blobs):
             # Step 1: header and structure.
             payload = decode_snapshot(blob, index)
@@ -301,6 +312,9 @@ class HashMapKeyedStateBackend:
                             f"malformed state {name!r}"
                         )
                     backend._tables[name].update(entries)
+            # Step 5: event time.
+            watermarks.append(payload.get("watermarks", {}))
+        backend.channel_watermarks = merge_channel_watermarks(watermarks)
         return backend
 
 

@@ -5,9 +5,10 @@ A snapshot groups the state by key group so that
 every old subtask and keep the key groups of a new one: that is how a checkpoint is restored
 with a different parallelism. Snapshot format: ``b"SPKS"``, a version byte, then a pickle
 (protocol 5) of ``{"max_parallelism", "key_group_range": (start, end), "states": {name: kind},
-"groups": {key_group: {name: {key: value}}}}``, empty groups omitted. Snapshots are unpickled
-by :func:`decode_snapshot`: read them only from checkpoint storage you trust (its handles carry
-a checksum that is verified before the bytes get here).
+"groups": {key_group: {name: {key: value}}}, "watermarks": {channel: watermark}}``, empty
+groups omitted (``watermarks``, the operator's event-time state, may be absent). Snapshots
+are unpickled by :func:`decode_snapshot`: read them only from checkpoint storage you trust
+(its handles carry a checksum that is verified before the bytes get here).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def encode_snapshot(
     kinds: Mapping[str, StateKind],
     max_parallelism: int,
     key_group_range: KeyGroupRange,
+    watermarks: Mapping[int, int] | None = None,
 ) -> bytes:
     """A snapshot of ``tables`` (state name -> {key: value}), grouped by key group.
 
@@ -46,6 +48,7 @@ def encode_snapshot(
         kinds: the kind of every registered state, by name.
         max_parallelism: the backend's max parallelism (number of key groups).
         key_group_range: the key groups the backend owns.
+        watermarks: the latest watermark of each input channel (operator state).
 
     Raises:
         KeyGroupOutOfRangeError: when a table holds a key outside ``key_group_range``.
@@ -77,6 +80,7 @@ def encode_snapshot(
         "key_group_range": (start, end),
         "states": dict(kinds),
         "groups": groups,
+        "watermarks": dict(watermarks or {}),
     }
     return SNAPSHOT_MAGIC + bytes([SNAPSHOT_VERSION]) + pickle.dumps(payload, protocol=5)
 
@@ -141,6 +145,11 @@ def _structure_problem(payload: Any) -> str | None:
         isinstance(kg, int) and isinstance(by_state, dict) for kg, by_state in groups.items()
     ):
         return "groups is not a mapping of key group to states"
+    marks = payload.get("watermarks", {})
+    if not isinstance(marks, dict) or not all(
+        isinstance(c, int) and isinstance(w, int) for c, w in marks.items()
+    ):
+        return "watermarks is not a mapping of channel to watermark"
     return None
 
 

@@ -295,6 +295,7 @@ def test_snapshot_format(backend: HashMapKeyedStateBackend) -> None:
         "key_group_range": (0, 127),
         "states": {"count": "value", "events": "list"},
         "groups": {55: {"count": {"a": 1}}, 15: {"count": {"c": 2}}, 48: {"count": {8: 3}}},
+        "watermarks": {},  # the operator's channel watermarks (event time)
     }
 
 
