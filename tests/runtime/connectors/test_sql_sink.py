@@ -36,7 +36,7 @@ def pg_engine() -> Iterator[sa.Engine]:
         reason = f"PostgreSQL at {PG_URL} is not reachable ({err.orig})"
         if os.environ.get("CI"):
             pytest.fail(f"{reason}; .ci/run should have started it")
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     yield engine
     engine.dispose()
 
