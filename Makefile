@@ -18,12 +18,12 @@ test: $(VENV)/.installed
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check jobs tests
-	$(VENV)/bin/ruff format --check jobs tests
+	$(VENV)/bin/ruff check jobs backend migrations tests
+	$(VENV)/bin/ruff format --check jobs backend migrations tests
 	$(VENV)/bin/mypy
 
 format: $(VENV)/.installed
-	$(VENV)/bin/ruff format jobs tests
+	$(VENV)/bin/ruff format jobs backend migrations tests
 
 bench: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_pv.py

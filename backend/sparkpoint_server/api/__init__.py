@@ -1,0 +1,1 @@
+"""The REST API: one router per resource."""

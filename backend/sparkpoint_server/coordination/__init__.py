@@ -1,0 +1,1 @@
+"""Checkpoint coordination for connected jobs: the authority of DESIGN section 1."""

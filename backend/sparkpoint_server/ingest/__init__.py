@@ -1,0 +1,1 @@
+"""Reading job events from Redis into the control plane."""

@@ -1,0 +1,1 @@
+"""SQL storage of the control plane: models, engine and sessions, queries."""
