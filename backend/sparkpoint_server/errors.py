@@ -51,3 +51,9 @@ class ConflictError(ControlPlaneError):
 
 class SettingsError(ControlPlaneError):
     """The control plane's settings (environment) are invalid."""
+
+
+class CorruptCheckpointError(ControlPlaneError):
+    """A checkpoint or savepoint to restore exists but its files fail their checksums."""
+
+    status_code = 422

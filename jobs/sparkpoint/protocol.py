@@ -97,6 +97,9 @@ class JobRegistered(_Model):
     vertices: list[VertexModel]
     edges: list[tuple[str, str]]
     config: dict[str, Any]
+    # A nonce per driver process: a registration with a new one is a restarted driver (the
+    # control plane fails the job over), the same one again is a duplicate (ignored).
+    incarnation: str | None = None
 
 
 class JobStatusChanged(_Model):
@@ -225,6 +228,13 @@ class JobRestored(_Model):
     aborted_parts: int = 0
 
 
+class EndOfInput(_Model):
+    """The sources are exhausted: the job asks the authority for its final checkpoint."""
+
+    type: Literal["end_of_input"] = "end_of_input"
+    epoch: int
+
+
 class Heartbeat(_Model):
     type: Literal["heartbeat"] = "heartbeat"
     epoch: int
@@ -250,6 +260,7 @@ EventPayload = (
     | SinkCommitted
     | TaskFailed
     | JobRestored
+    | EndOfInput
     | Heartbeat
 )
 
@@ -277,19 +288,35 @@ class NotifyCheckpointAborted(_Model):
 
 
 class RestoreJob(_Model):
+    """Start the given attempt from a checkpoint (``external_path`` is its ``_metadata``'s
+    directory; with inline storage the acknowledgements travel in ``acks``), or from the
+    beginning when both are None. The first command a connected driver obeys."""
+
     type: Literal["restore"] = "restore"
     checkpoint_id: int | None = None
     savepoint_path: str | None = None
+    external_path: str | None = None
+    acks: list[SnapshotCompleted] | None = None
     new_attempt: int = Field(ge=1)
+    request_id: str | None = None
 
 
 class CancelJob(_Model):
+    """Stop the job: ``CANCELED`` on a user's request, ``FAILED`` when the restart strategy
+    allows no more restarts (``cause`` says why)."""
+
     type: Literal["cancel"] = "cancel"
+    status: JobStatus = JobStatus.CANCELED
+    cause: str | None = None
 
 
 class StopWithSavepoint(_Model):
+    """Trigger savepoint ``checkpoint_id``; once it completed and its sinks committed, the job
+    stops as ``FINISHED``."""
+
     type: Literal["stop_with_savepoint"] = "stop_with_savepoint"
     checkpoint_id: int = Field(ge=1)
+    trigger_timestamp: int
     target_directory: str | None = None
 
 

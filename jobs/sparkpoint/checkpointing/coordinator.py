@@ -9,6 +9,8 @@ checkpoints that a completion subsumed, never what a method returned.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from typing import Any
 
 from sparkpoint.checkpointing.config import CheckpointConfig
@@ -316,6 +318,57 @@ class CheckpointCoordinator:
                 f"(retained: {retained})"
             )
         return self._restart(f"restore of checkpoint {checkpoint_id} requested", checkpoint)
+
+    def restore_from(self, checkpoint: CompletedCheckpoint, cause: str) -> FailoverDecision:
+        """Like :meth:`failover`, restoring a checkpoint the store does not hold (a savepoint
+        read from its path)."""
+        return self._restart(cause, checkpoint)
+
+    # ------------------------------------------------------------------------- recovery
+
+    def recover(
+        self,
+        *,
+        completed: Iterable[CompletedCheckpoint] = (),
+        failed: Iterable[FailedCheckpoint] = (),
+        pending: Iterable[PendingCheckpoint] = (),
+        pins: Iterable[tuple[int, str]] = (),
+        last_trigger_timestamp: int | None = None,
+        last_finished_timestamp: int | None = None,
+    ) -> None:
+        """Rebuild the state of a host that restarted (the control plane) from its records.
+
+        Steps: (1) completed checkpoints enter the store in id order (retention replays),
+        (2) pins come back, (3) failures since the last completion replay through the failure
+        manager, (4) pending checkpoints come back with their acknowledgements, (5) the
+        periodic and pause clocks continue from the recorded wall-clock times.
+        """
+        # Step 1
+        for cp in sorted(completed, key=lambda c: c.checkpoint_id):
+            self.store.add(cp)
+            self._completed_ids.add(cp.checkpoint_id)
+            self.failure_manager.handle_success(cp.checkpoint_id)
+        # Step 2
+        for checkpoint_id, why in pins:
+            if checkpoint_id in self.store:
+                self.store.pin(checkpoint_id, why)
+        # Step 3
+        for f in sorted(failed, key=lambda c: c.checkpoint_id):
+            self._report_failure(f)
+        # Step 4
+        for pc in pending:
+            self._pending[pc.checkpoint_id] = pc
+            self._next_id = max(self._next_id, pc.checkpoint_id + 1)
+        # Step 5
+        wall, mono = self._clock.now_ms(), self._clock.monotonic_ms()
+        if last_trigger_timestamp is not None:
+            self._periodic_base_mono = mono - max(0, wall - last_trigger_timestamp)
+        if last_finished_timestamp is not None:
+            self._last_finished_mono = mono - max(0, wall - last_finished_timestamp)
+
+    def monotonic_of(self, timestamp: int) -> float:
+        """The monotonic time of a recorded wall-clock timestamp (for recovered deadlines)."""
+        return self._clock.monotonic_ms() - max(0, self._clock.now_ms() - timestamp)
 
     # ------------------------------------------------------------------------- internals
 

@@ -1,0 +1,136 @@
+"""The control plane application: ``create_app`` builds it, its lifespan runs it.
+
+Start: (1) Redis: ``REDIS_URL`` or an embedded, supervised child process, (2) the database
+migrated to the latest schema, (3) the coordination service rebuilt from the database,
+(4) the ingest thread (events from Redis) and the timer thread (triggers, timeouts, restarts),
+(5) the REST API. Stop in reverse order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+
+from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.transport import Streams, redis_client
+from sparkpoint_server.api import install_api
+from sparkpoint_server.config import Settings
+from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
+from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis
+from sparkpoint_server.service.control_plane import ControlPlane
+from sparkpoint_server.storage.db import create_db_engine, migrate, session_factory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runner:
+    """The control plane's moving parts, started and stopped together."""
+
+    settings: Settings
+    streams: Streams = field(default_factory=Streams)
+    clock: Clock = field(default_factory=SystemClock)
+    embedded: EmbeddedRedis | None = None
+    control_plane: ControlPlane | None = None
+    consumer: EventConsumer | None = None
+    stats: IngestStats = field(default_factory=IngestStats)
+    redis_url: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _engine: Any = None
+
+    def start(self, *, background: bool = True) -> None:
+        """Steps (1)-(4) of the module docstring."""
+        s = self.settings
+        # Step 1
+        if s.redis_url:
+            self.redis_url = s.redis_url
+        else:
+            self.embedded = EmbeddedRedis(s.data_dir, port=s.embedded_redis_port)
+            self.embedded.start()
+            self.redis_url = self.embedded.url
+        client = redis_client(self.redis_url)
+        # Step 2
+        url = s.effective_database_url
+        migrate(url)
+        self._engine = create_db_engine(url)
+        sessions = session_factory(self._engine)
+        # Step 3
+        self.control_plane = ControlPlane(
+            s, sessions, client, streams=self.streams, clock=self.clock, stats=self.stats
+        )
+        self.control_plane.recover()
+        # Step 4
+        self.consumer = EventConsumer(
+            client,
+            self.control_plane.handle_batch,
+            self.stats,
+            streams=self.streams,
+            consumer=s.consumer_name,
+            batch_size=s.ingest_batch,
+        )
+        self.consumer.ensure_group()
+        if background:
+            self._spawn("sparkpoint-ingest", self.consumer.run, self._stop)
+            self._spawn("sparkpoint-timers", self._timers)
+
+    def _spawn(self, name: str, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _timers(self) -> None:
+        assert self.control_plane is not None
+        while not self._stop.wait(self.settings.tick_ms / 1000):
+            try:
+                self.control_plane.tick()
+            except Exception:  # a tick that fails is retried at the next one
+                log.exception("timer tick failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._engine is not None:
+            self._engine.dispose()
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+def create_app(settings: Settings, *, runner: Runner | None = None) -> FastAPI:
+    """The FastAPI application of the control plane (started by its lifespan)."""
+    runner = runner or Runner(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runner.start()
+        assert runner.control_plane is not None
+        app.state.control_plane = runner.control_plane
+        app.state.session_factory = runner.control_plane.sessions
+        app.state.ingest_stats = runner.stats
+        app.state.redis_url = runner.redis_url
+        log.info("control plane ready; jobs connect with REDIS_URL=%s", runner.redis_url)
+        try:
+            yield
+        finally:
+            runner.stop()
+
+    app = FastAPI(
+        title="Sparkpoint control plane",
+        description=(
+            "Checkpoints of PySpark streaming jobs, coordinated the way Apache Flink does it. "
+            "Paths and field names follow Flink's REST API."
+        ),
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.runner = runner
+    install_api(app)
+    return app

@@ -1,0 +1,179 @@
+"""The coordination state of one connected job: its coordinator, restart strategy and status.
+
+Pure: no database, no Redis. The service keeps one :class:`JobRuntime` per unfinished job, feeds
+it events and timer ticks, and writes down what changed. Status transitions are guarded here,
+with Flink's names (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.checkpointing.coordinator import CheckpointCoordinator
+from sparkpoint.checkpointing.restart import RestartStrategy, restart_strategy_from_config
+from sparkpoint.checkpointing.storage import CheckpointStorage, checkpoint_storage_from_options
+from sparkpoint.clock import Clock
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.protocol import CheckpointingMode, JobStatus
+
+TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.CANCELED, JobStatus.FAILED})
+
+# Which statuses may follow which (Flink's JobStatus state machine, as Sparkpoint uses it).
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.CREATED: frozenset(
+        {JobStatus.RUNNING, JobStatus.FAILING, JobStatus.CANCELLING, JobStatus.RESTARTING}
+    ),
+    JobStatus.RUNNING: frozenset(
+        {
+            JobStatus.RESTARTING,
+            JobStatus.FAILING,
+            JobStatus.CANCELLING,
+            JobStatus.FINISHED,
+            JobStatus.CANCELED,
+        }
+    ),
+    JobStatus.RESTARTING: frozenset(
+        {JobStatus.RUNNING, JobStatus.FAILING, JobStatus.CANCELLING, JobStatus.CANCELED}
+    ),
+    JobStatus.FAILING: frozenset({JobStatus.FAILED, JobStatus.RESTARTING}),
+    JobStatus.CANCELLING: frozenset({JobStatus.CANCELED, JobStatus.FINISHED, JobStatus.FAILED}),
+    # A driver registering again for a finished job id starts it over from its checkpoints.
+    JobStatus.FINISHED: frozenset({JobStatus.RESTARTING}),
+    JobStatus.CANCELED: frozenset({JobStatus.RESTARTING}),
+    JobStatus.FAILED: frozenset({JobStatus.RESTARTING}),
+}
+
+CONFIG_KEYS = (
+    "mode",
+    "interval_ms",
+    "timeout_ms",
+    "min_pause_ms",
+    "max_concurrent",
+    "tolerable_failures",
+    "retained",
+)
+UNCOMMITTED_PIN = "uncommitted sink transactions"
+RESTORE_PIN = "pending restore"
+
+
+def checkpoint_config_from(conf: dict[str, Any]) -> CheckpointConfig:
+    """A CheckpointConfig from a job's registered (or stored) configuration.
+
+    Raises:
+        ConfigurationError: naming the field that is invalid.
+    """
+    try:
+        values = {k: conf[k] for k in CONFIG_KEYS if conf.get(k) is not None}
+        if "mode" in values:
+            values["mode"] = CheckpointingMode(values["mode"])
+        return CheckpointConfig(**values)
+    except (TypeError, ValueError) as err:
+        raise ConfigurationError(f"invalid checkpoint configuration: {err}") from err
+
+
+def checkpoint_config_dict(config: CheckpointConfig) -> dict[str, Any]:
+    return {
+        "mode": config.mode.value,
+        "interval_ms": config.interval_ms,
+        "timeout_ms": config.timeout_ms,
+        "min_pause_ms": config.min_pause_ms,
+        "max_concurrent": config.max_concurrent,
+        "tolerable_failures": config.tolerable_failures,
+        "retained": config.retained,
+    }
+
+
+def tasks_of(graph: dict[str, Any]) -> dict[str, int]:
+    """Operator uid -> parallelism, from a registered graph's vertices."""
+    return {v["id"]: int(v["parallelism"]) for v in graph.get("vertices", [])}
+
+
+@dataclass
+class JobRuntime:
+    """Everything the control plane decides with about one job, in memory."""
+
+    job_id: str
+    name: str
+    graph: dict[str, Any]
+    config: dict[str, Any]  # as registered: storage, directories, ...
+    coordinator: CheckpointCoordinator
+    restart: RestartStrategy
+    status: JobStatus
+    incarnation: str | None
+    storage: CheckpointStorage
+    restart_due_at: int | None = None  # wall-clock ms of a decided restart
+    restart_cause: str | None = None
+    final_requested: bool = False
+    stop_checkpoint: int | None = None  # stop-with-savepoint: finish after this one
+    cancel_after: set[int] = field(default_factory=set)  # savepoints with cancel-job
+    savepoint_targets: dict[int, str] = field(default_factory=dict)  # savepoint id -> dir
+    operations: dict[int, str] = field(default_factory=dict)  # checkpoint id -> request id
+    restore_request: tuple[int, str] | None = None  # (attempt it starts, request id)
+    restore_pin: int | None = None  # the checkpoint a pending restore needs
+    cancel_request: str | None = None
+    uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
+
+    @property
+    def attempt(self) -> int:
+        return self.coordinator.attempt
+
+    @property
+    def active(self) -> bool:
+        return self.status not in TERMINAL
+
+    @property
+    def tasks(self) -> dict[str, int]:
+        return tasks_of(self.graph)
+
+    def can_become(self, status: JobStatus) -> bool:
+        return status == self.status or status in TRANSITIONS[self.status]
+
+
+def build_runtime(
+    *,
+    job_id: str,
+    name: str,
+    graph: dict[str, Any],
+    config: dict[str, Any],
+    checkpoint_config: dict[str, Any],
+    restart_strategy: dict[str, Any],
+    status: JobStatus,
+    incarnation: str | None,
+    attempt: int,
+    next_checkpoint_id: int,
+    clock: Clock,
+    default_checkpoint_dir: str,
+) -> JobRuntime:
+    """A job's runtime from its registration or its stored row.
+
+    Raises:
+        ConfigurationError: an invalid graph, checkpoint configuration or restart strategy.
+    """
+    tasks = tasks_of(graph)
+    if not tasks:
+        raise ConfigurationError(f"job {job_id}: the registered graph has no vertices")
+    cfg = checkpoint_config_from(checkpoint_config)
+    restart = restart_strategy_from_config(
+        dict(restart_strategy), checkpointing_enabled=cfg.interval_ms > 0
+    )
+    storage = checkpoint_storage_from_options(
+        config.get("checkpoint_storage") or "filesystem",
+        config.get("checkpoint_dir") or default_checkpoint_dir,
+        int(config.get("max_inline_state_bytes") or (1 << 20)),
+    )
+    coordinator = CheckpointCoordinator(
+        job_id, tasks, cfg, clock, attempt=max(attempt, 1), next_checkpoint_id=next_checkpoint_id
+    )
+    return JobRuntime(
+        job_id=job_id,
+        name=name,
+        graph=graph,
+        config=config,
+        coordinator=coordinator,
+        restart=restart,
+        status=status,
+        incarnation=incarnation,
+        storage=storage,
+    )

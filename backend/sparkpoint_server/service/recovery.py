@@ -1,0 +1,235 @@
+"""Rebuilding a job's coordination state from the database (a control plane restart).
+
+What the control plane decided is in the database before any command leaves, so a restart
+rebuilds each unfinished job from its rows: configuration, attempt and next checkpoint id,
+completed checkpoints (with the acknowledgements a restore needs), the failures counted since
+the last completion, pending checkpoints with the acknowledgements received so far, pins,
+pending requests, a decided restart and its due time, and the restart strategy's memory of
+earlier failures.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from sparkpoint import protocol as p
+from sparkpoint.checkpointing.pending import (
+    CheckpointFailureReason,
+    CompletedCheckpoint,
+    FailedCheckpoint,
+    PendingCheckpoint,
+    expected_subtasks,
+)
+from sparkpoint.clock import Clock
+from sparkpoint_server.coordination.job import (
+    RESTORE_PIN,
+    TERMINAL,
+    UNCOMMITTED_PIN,
+    JobRuntime,
+    build_runtime,
+)
+from sparkpoint_server.storage.models import (
+    Checkpoint,
+    CheckpointSubtask,
+    Job,
+    JobException,
+    JobStatusChange,
+    Operation,
+)
+
+Acks = dict[tuple[str, int], p.SnapshotCompleted]
+
+
+def load_active_jobs(session: Session, clock: Clock, checkpoint_dir: str) -> list[JobRuntime]:
+    """Every job that is not FINISHED, CANCELED or FAILED, rebuilt."""
+    terminal = [s.value for s in TERMINAL]
+    rows = session.scalars(select(Job).where(Job.status.not_in(terminal))).all()
+    return [load_job(session, row, clock, checkpoint_dir) for row in rows]
+
+
+def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> JobRuntime:
+    """One job's runtime from its rows (see the module docstring for what comes back)."""
+    rt = build_runtime(
+        job_id=job.job_id,
+        name=job.name,
+        graph=job.graph,
+        config=job.config,
+        checkpoint_config=job.checkpoint_config,
+        restart_strategy=job.restart_strategy,
+        status=p.JobStatus(job.status),
+        incarnation=job.incarnation,
+        attempt=job.attempt,
+        next_checkpoint_id=job.next_checkpoint_id,
+        clock=clock,
+        default_checkpoint_dir=checkpoint_dir,
+    )
+    rows = session.scalars(
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job.job_id, Checkpoint.discarded.is_(False))
+        .order_by(Checkpoint.checkpoint_id)
+    ).all()
+    wanted = [r.checkpoint_id for r in rows if r.status != "FAILED"]
+    acks = _acks(session, job.job_id, wanted)
+    completed = [_completed(r, acks[r.checkpoint_id]) for r in rows if r.status == "COMPLETED"]
+    last_ok = max((c.checkpoint_id for c in completed), default=0)
+    failed_rows = session.scalars(
+        select(Checkpoint)
+        .where(
+            Checkpoint.job_id == job.job_id,
+            Checkpoint.status == "FAILED",
+            Checkpoint.checkpoint_id > last_ok,
+        )
+        .order_by(Checkpoint.checkpoint_id)
+    ).all()
+    expected = expected_subtasks(job.job_id, rt.tasks)
+    pending = [
+        _pending(r, acks[r.checkpoint_id], expected, rt)
+        for r in rows
+        if r.status == "IN_PROGRESS" and r.attempt == job.attempt
+    ]
+    pins = [
+        (r.checkpoint_id, UNCOMMITTED_PIN)
+        for r in rows
+        if r.status == "COMPLETED" and not r.committed
+    ]
+    if job.restart_checkpoint_id is not None and _restore_pending(session, job):
+        pins.append((job.restart_checkpoint_id, RESTORE_PIN))
+        rt.restore_pin = job.restart_checkpoint_id
+    regular = [r.trigger_timestamp for r in rows if r.kind == "checkpoint"]
+    finished = [r.completion_timestamp for r in rows if r.completion_timestamp is not None]
+    rt.coordinator.recover(
+        completed=completed,
+        failed=[_failed(r) for r in failed_rows],
+        pending=pending,
+        pins=pins,
+        last_trigger_timestamp=max(regular, default=None),
+        last_finished_timestamp=max(finished, default=None),
+    )
+    for r in rows:
+        if r.status == "COMPLETED" and not r.committed:
+            rt.uncommitted[r.checkpoint_id] = {
+                k for k, a in acks[r.checkpoint_id].items() if a.sink_transactions
+            }
+        if r.status == "IN_PROGRESS" and r.target_directory:
+            rt.savepoint_targets[r.checkpoint_id] = r.target_directory
+        if r.status == "IN_PROGRESS" and r.request_id:
+            rt.operations[r.checkpoint_id] = r.request_id
+        if r.status == "IN_PROGRESS" and r.is_final:
+            rt.final_requested = True
+    rt.restart_due_at, rt.restart_cause = job.restart_due_at, job.restart_cause
+    _requests(session, rt)
+    _replay_restart_strategy(session, rt)
+    return rt
+
+
+def _acks(session: Session, job_id: str, checkpoint_ids: list[int]) -> dict[int, Acks]:
+    out: dict[int, Acks] = defaultdict(dict)
+    if not checkpoint_ids:
+        return out
+    stmt = select(CheckpointSubtask.checkpoint_id, CheckpointSubtask.ack).where(
+        CheckpointSubtask.job_id == job_id,
+        CheckpointSubtask.checkpoint_id.in_(checkpoint_ids),
+        CheckpointSubtask.ack.is_not(None),
+    )
+    for cid, raw in session.execute(stmt):
+        ack = p.SnapshotCompleted.model_validate(raw)
+        out[cid][(ack.operator_id, ack.subtask)] = ack
+    return out
+
+
+def _completed(row: Checkpoint, acks: Acks) -> CompletedCheckpoint:
+    return CompletedCheckpoint(
+        checkpoint_id=row.checkpoint_id,
+        kind=p.CheckpointKind(row.kind),
+        attempt=row.attempt,
+        trigger_timestamp=row.trigger_timestamp,
+        completion_timestamp=row.completion_timestamp or row.trigger_timestamp,
+        end_to_end_duration_ms=row.end_to_end_duration or 0.0,
+        is_final=row.is_final,
+        acks=acks,
+        external_path=row.external_path,
+    )
+
+
+def _failed(row: Checkpoint) -> FailedCheckpoint:
+    reason = CheckpointFailureReason(row.failure_reason or "CHECKPOINT_EXPIRED")
+    declined = reason is CheckpointFailureReason.CHECKPOINT_DECLINED
+    return FailedCheckpoint(
+        checkpoint_id=row.checkpoint_id,
+        kind=p.CheckpointKind(row.kind),
+        attempt=row.attempt,
+        trigger_timestamp=row.trigger_timestamp,
+        failure_timestamp=row.completion_timestamp or row.trigger_timestamp,
+        reason=reason,
+        message=row.failure_message or "",
+        is_final=row.is_final,
+        declined_by=("?", 0) if declined else None,
+    )
+
+
+def _pending(row: Checkpoint, acks: Acks, expected: Any, rt: JobRuntime) -> PendingCheckpoint:
+    return PendingCheckpoint(
+        checkpoint_id=row.checkpoint_id,
+        kind=p.CheckpointKind(row.kind),
+        attempt=row.attempt,
+        trigger_timestamp=row.trigger_timestamp,
+        trigger_monotonic_ms=rt.coordinator.monotonic_of(row.trigger_timestamp),
+        timeout_ms=rt.coordinator.config.timeout_ms,
+        expected=expected,
+        is_final=row.is_final,
+        target_directory=row.target_directory,
+        acks=dict(acks),
+    )
+
+
+def _restore_pending(session: Session, job: Job) -> bool:
+    stmt = select(Operation.request_id).where(
+        Operation.job_id == job.job_id,
+        Operation.kind == "restore",
+        Operation.status == "IN_PROGRESS",
+    )
+    return session.execute(stmt).first() is not None
+
+
+def _requests(session: Session, rt: JobRuntime) -> None:
+    ops = session.scalars(
+        select(Operation).where(Operation.job_id == rt.job_id, Operation.status == "IN_PROGRESS")
+    ).all()
+    pending = rt.coordinator.pending
+    for op in ops:
+        if op.kind == "restore" and op.attempt is not None:
+            rt.restore_request = (op.attempt, op.request_id)
+        elif op.kind == "cancel":
+            rt.cancel_request = op.request_id
+        elif op.kind == "stop" and op.checkpoint_id in pending:
+            rt.stop_checkpoint = op.checkpoint_id
+        elif op.kind == "savepoint" and op.params.get("cancel-job") and op.checkpoint_id:
+            rt.cancel_after.add(op.checkpoint_id)
+
+
+def _replay_restart_strategy(session: Session, rt: JobRuntime) -> None:
+    """The restart strategy remembers earlier failures (failure-rate's window, exponential
+    backoff): replay the recorded failures and RUNNING transitions in order."""
+    moments: list[tuple[int, int, str]] = []
+    for ts in session.scalars(
+        select(JobException.timestamp).where(
+            JobException.job_id == rt.job_id,
+            JobException.kind.in_(["TASK_FAILURE", "CHECKPOINT_FAILURE"]),
+        )
+    ):
+        moments.append((ts, 1, "failure"))
+    for ts in session.scalars(
+        select(JobStatusChange.timestamp).where(
+            JobStatusChange.job_id == rt.job_id, JobStatusChange.status == "RUNNING"
+        )
+    ):
+        moments.append((ts, 0, "running"))
+    for ts, _, what in sorted(moments):
+        if what == "failure":
+            rt.restart.on_failure(ts)
+        else:
+            rt.restart.on_running(ts)

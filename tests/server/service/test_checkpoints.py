@@ -1,0 +1,147 @@
+"""Checkpoint coordination by the control plane: trigger, complete, expire, decline, retain."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from service_harness import Harness
+from sqlalchemy import select
+
+from sparkpoint import protocol as p
+from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
+
+
+def _row(h: Harness, cid: int) -> Checkpoint:
+    with h.sessions() as s:
+        row = s.get(Checkpoint, (h.job_id, cid))
+        assert row is not None
+        return row
+
+
+def test_registration_starts_attempt_one_from_the_beginning(harness: Harness) -> None:
+    harness.register()
+    [(env, cmd)] = harness.commands()
+    assert isinstance(cmd, p.RestoreJob)
+    assert (env.attempt, cmd.new_attempt, cmd.checkpoint_id) == (1, 1, None)
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and (job.status, job.attempt) == ("CREATED", 1)
+    harness.running(1)
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and job.status == "RUNNING"
+
+
+def test_periodic_trigger_then_completion_in_design_order(harness: Harness) -> None:
+    harness.start()
+    harness.tick(999)
+    assert harness.commands() == []  # the interval (1 s) has not passed
+    cid = harness.trigger_periodic()
+    assert cid == 1 and _row(harness, 1).status == "IN_PROGRESS"
+    harness.ack_all(1, 1)
+    row = _row(harness, 1)
+    assert row.status == "COMPLETED" and row.num_acknowledged_subtasks == 4
+    # Step 1 happened: the _metadata is on disk and names every acknowledgement.
+    meta_path = os.path.join(harness.checkpoint_dir, harness.job_id, "chk-1", "_metadata")
+    with open(meta_path) as fh:
+        assert len(json.load(fh)["acks"]) == 4
+    assert row.external_path is not None and row.external_path.endswith("chk-1")
+    # Step 3: the notification went out.
+    assert [type(c) for _, c in harness.commands()] == [p.NotifyCheckpointComplete]
+    with harness.sessions() as s:
+        subtasks = s.scalars(
+            select(CheckpointSubtask).where(CheckpointSubtask.job_id == harness.job_id)
+        ).all()
+    assert {(t.operator_id, t.subtask, t.sync_duration) for t in subtasks} == {
+        ("source", 0, 3.0),
+        ("source", 1, 3.0),
+        ("pv", 0, 3.0),
+        ("pv", 1, 3.0),
+    }
+
+
+def test_duplicate_and_redelivered_events_change_nothing(harness: Harness) -> None:
+    harness.start()
+    cid = harness.trigger_periodic()
+    acks = [harness.ack(1, cid, op, i) for op in ("source", "pv") for i in range(2)]
+    harness.send(1, *acks[:2])
+    harness.send(1, *acks[:2])  # redelivered
+    assert _row(harness, cid).num_acknowledged_subtasks == 2
+    harness.send(1, *acks[2:])
+    harness.send(1, *acks)  # everything again, after completion
+    assert _row(harness, cid).status == "COMPLETED"
+    assert harness.command_types() == ["checkpoint_complete"]  # exactly one notification
+    harness.register()  # the same driver process registering twice: the same start again
+    assert harness.command_types() == ["restore"]
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and job.attempt == 1
+
+
+def test_timeout_expires_aborts_and_deletes_partial_state(harness: Harness) -> None:
+    harness.start(timeout_ms=5000)
+    cid = harness.trigger_periodic()
+    harness.send(1, harness.ack(1, cid, "source", 0))
+    chk = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    assert os.listdir(chk)  # partial state written
+    harness.tick(4999)
+    assert _row(harness, cid).status == "IN_PROGRESS"
+    harness.tick(1)
+    row = _row(harness, cid)
+    assert row.status == "FAILED" and row.failure_reason == "CHECKPOINT_EXPIRED"
+    assert "1/4 subtasks acknowledged" in (row.failure_message or "")
+    aborts = [c for _, c in harness.commands() if isinstance(c, p.NotifyCheckpointAborted)]
+    assert [a.checkpoint_id for a in aborts] == [cid]
+    assert not os.path.exists(chk)
+
+
+def test_decline_fails_the_checkpoint_with_the_reason(harness: Harness) -> None:
+    harness.start(tolerable_failures=3)
+    cid = harness.trigger_periodic()
+    harness.send(
+        1,
+        p.CheckpointDeclined(
+            checkpoint_id=cid, operator_id="pv", subtask=1, reason="state above 1 MiB inline"
+        ),
+    )
+    row = _row(harness, cid)
+    assert row.status == "FAILED" and row.failure_reason == "CHECKPOINT_DECLINED"
+    assert "pv[1]" in (row.failure_message or "") and "1 MiB" in (row.failure_message or "")
+
+
+def test_stale_attempt_events_are_refused_and_counted(harness: Harness) -> None:
+    harness.start(
+        restart_strategy={
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.delay": "1 s",
+        }
+    )
+    cid = harness.trigger_periodic()
+    harness.send(1, p.TaskFailed(epoch=3, cause="boom"))
+    harness.tick(1000)
+    [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
+    assert restore.new_attempt == 2
+    harness.send(1, harness.ack(1, cid, "source", 0))  # attempt 1 is over
+    assert harness.stats.stale_messages == 1
+    assert _row(harness, cid).status == "FAILED"  # aborted by the failover
+
+
+def test_retention_keeps_a_checkpoint_until_its_sinks_committed(harness: Harness) -> None:
+    harness.start(retained=1)
+    first = harness.trigger_periodic()
+    harness.ack_all(1, first, sink=True)
+    second = harness.trigger_periodic()
+    harness.ack_all(1, second, sink=True)
+    chk1 = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{first}")
+    assert os.path.exists(chk1)  # subsumed, but its transactions are not committed yet
+    for i in range(2):
+        harness.send(
+            1,
+            p.SinkCommitted(
+                checkpoint_id=first, operator_id="pv", subtask=i, transaction_id="t", parts=1
+            ),
+        )
+    assert not os.path.exists(chk1)
+    assert _row(harness, first).discarded and _row(harness, first).committed
+    assert not _row(harness, second).discarded
