@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from sqlalchemy import select
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sparkpoint import protocol as p
@@ -27,6 +28,7 @@ from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import JobRuntime
 from sparkpoint_server.errors import ConflictError, JobNotFoundError
+from sparkpoint_server.ingest.consumer import TransientIngestError
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.batch import Batch
@@ -142,10 +144,13 @@ class ControlPlane:
             RejectedEventError: when one event contradicts the job's state; the consumer then
                 retries the events one by one and dead-letters that one.
         """
-        with self.unit() as batch:
-            for m in messages:
-                batch.touched.add(m.envelope.job_id)
-                self.events.apply(batch, m.envelope, m.payload)
+        try:
+            with self.unit() as batch:
+                for m in messages:
+                    batch.touched.add(m.envelope.job_id)
+                    self.events.apply(batch, m.envelope, m.payload)
+        except (OperationalError, InterfaceError) as err:  # the database is away, not the event
+            raise TransientIngestError(f"database unavailable: {err}") from err
 
     # ------------------------------------------------------------------ timers
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from fsspec.core import split_protocol
+from fsspec.core import split_protocol, url_to_fs
 from fsspec.registry import known_implementations
 
 from sparkpoint import protocol as p
@@ -206,6 +206,10 @@ def _check_files(plane: ControlPlane, rt: JobRuntime, cp: CompletedCheckpoint) -
 
 
 def _read_savepoint(plane: ControlPlane, rt: JobRuntime, path: str) -> CompletedCheckpoint:
+    fs, fs_path = url_to_fs(path)
+    metadata = fs_path if fs_path.endswith("/_metadata") else fs_path.rstrip("/") + "/_metadata"
+    if not fs.exists(metadata):
+        raise CheckpointNotFoundError(f"savepoint_path: no savepoint at {path} (no _metadata)")
     try:
         storage = storage_for_checkpoint_path(path)
         point = restore_point_from_metadata(storage, path)

@@ -1,0 +1,219 @@
+"""The Redis transport against the real Redis at 127.0.0.1:6379: events out, commands in."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from sparkpoint import protocol as p
+from sparkpoint.clock import ManualClock
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.transport import (
+    COMMANDS_GROUP,
+    FIELD,
+    CommandChannel,
+    RedisEventSink,
+    Streams,
+    TransportError,
+    default_redis_url,
+    redis_client,
+    send_command,
+    send_commands,
+)
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    conn = redis_client(REDIS_URL)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def streams(client: redis.Redis) -> Iterator[Streams]:
+    """Stream names of this test only; their keys are deleted afterwards."""
+    names = Streams(prefix=f"test-{uuid.uuid4().hex}")
+    yield names
+    keys = list(client.scan_iter(match=f"{names.prefix}:*"))
+    if keys:
+        client.delete(*keys)
+
+
+def _heartbeat(epoch: int, job_id: str = "job-1", attempt: int = 1) -> p.Envelope:
+    beat = p.Heartbeat(
+        epoch=epoch,
+        records=10 * epoch,
+        duration_ms=2.5,
+        records_per_second=4.0,
+        source_lag=0,
+        host_time=1_700_000_000_000 + epoch,
+    )
+    return p.envelope(job_id, attempt, 1_700_000_000_000 + epoch, beat)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_published_events_arrive_in_order_and_decode_to_the_same_envelopes(
+    client: redis.Redis, streams: Streams
+) -> None:
+    sent = [_heartbeat(1), _heartbeat(2), _heartbeat(3)]
+
+    RedisEventSink(client, streams).publish(sent)
+
+    entries = client.xrange(streams.events)
+    assert [fields.keys() for _, fields in entries] == [{FIELD}] * 3
+    assert [p.decode(fields[FIELD])[0] for _, fields in entries] == sent
+
+
+def test_an_event_above_the_size_limit_is_refused_and_nothing_of_its_batch_is_published(
+    client: redis.Redis, streams: Streams
+) -> None:
+    small = _heartbeat(1)
+    big = p.envelope("job-1", 1, 5, p.TaskFailed(epoch=2, cause="x" * 500))
+    sink = RedisEventSink(client, streams, max_bytes=400)
+
+    with pytest.raises(p.ProtocolError, match=r"task_failed message of job job-1 is .* 400-byte"):
+        sink.publish([small, big])
+
+    assert client.xlen(streams.events) == 0
+
+
+def test_commands_are_read_in_order_and_stay_pending_until_acknowledged(
+    client: redis.Redis, streams: Streams
+) -> None:
+    channel = CommandChannel(client, "job-1", "driver-a", streams)
+    channel.open()
+    trigger = p.TriggerCheckpoint(checkpoint_id=7, trigger_timestamp=11, target_directory="/c")
+    first = send_command(client, streams, "job-1", 2, 100, trigger)
+    second, third = send_commands(
+        client,
+        streams,
+        [
+            p.envelope("job-1", 2, 101, p.NotifyCheckpointComplete(checkpoint_id=7)),
+            p.envelope("job-2", 1, 102, p.CancelJob(cause="other job")),
+        ],
+    )
+
+    received = channel.read()
+
+    assert [m.entry_id for m in received] == [first, second]
+    assert received[0].payload == trigger
+    assert received[0].envelope.attempt == 2
+    assert received[1].payload == p.NotifyCheckpointComplete(checkpoint_id=7)
+    assert client.xrange(streams.commands("job-2"))[0][0].decode() == third
+    assert client.xpending(streams.commands("job-1"), COMMANDS_GROUP)["pending"] == 2
+    channel.ack([first, second])
+    assert client.xpending(streams.commands("job-1"), COMMANDS_GROUP)["pending"] == 0
+    assert channel.read(block_ms=20) == []
+
+
+def test_malformed_commands_are_acknowledged_counted_and_skipped(
+    client: redis.Redis, streams: Streams
+) -> None:
+    channel = CommandChannel(client, "job-1", "driver-a", streams)
+    channel.open()
+    stream = streams.commands("job-1")
+    client.xadd(stream, {FIELD: b"{not json"})
+    client.xadd(stream, {b"other": b"1"})
+    client.xadd(stream, {FIELD: b'{"type":"explode","job_id":"job-1","attempt":1,'})
+    unknown = p.envelope("job-1", 1, 5, p.CancelJob()).model_copy(update={"type": "explode"})
+    client.xadd(stream, {FIELD: p.encode(unknown)})
+    invalid = p.envelope("job-1", 1, 5, p.NotifyCheckpointComplete(checkpoint_id=1))
+    invalid = invalid.model_copy(update={"payload": {"checkpoint_id": 0}})
+    client.xadd(stream, {FIELD: p.encode(invalid)})
+    client.xadd(stream, {FIELD: p.encode(_heartbeat(1))})  # an event, not a command
+    good = send_command(client, streams, "job-1", 1, 6, p.CancelJob(cause="user"))
+
+    received = channel.read()
+
+    assert [(m.entry_id, m.payload) for m in received] == [(good, p.CancelJob(cause="user"))]
+    assert channel.malformed == 6
+    pending = client.xpending_range(stream, COMMANDS_GROUP, "-", "+", 10)
+    assert [entry["message_id"].decode() for entry in pending] == [good]
+
+
+def test_open_skips_commands_meant_for_an_earlier_driver_process(
+    client: redis.Redis, streams: Streams
+) -> None:
+    send_command(client, streams, "job-1", 1, 1, p.NotifyCheckpointComplete(checkpoint_id=1))
+    first = CommandChannel(client, "job-1", "driver-a", streams)
+    first.open()  # creates the group after the existing command
+    assert first.read() == []
+    send_command(client, streams, "job-1", 1, 2, p.NotifyCheckpointComplete(checkpoint_id=2))
+    # driver-a dies before reading; its successor opens the same stream.
+    second = CommandChannel(client, "job-1", "driver-b", streams)
+    second.open()
+    assert second.read() == []
+    new = send_command(client, streams, "job-1", 2, 3, p.CancelJob())
+
+    assert [m.entry_id for m in second.read()] == [new]
+
+
+def test_a_publish_retries_with_backoff_then_names_the_url_and_stream(streams: Streams) -> None:
+    port = _closed_port()
+    clock = ManualClock()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.advance(seconds * 1000)
+
+    sink = RedisEventSink(
+        redis_client(f"redis://127.0.0.1:{port}/0"), streams, clock=clock, sleep=sleep
+    )
+
+    with pytest.raises(TransportError) as caught:
+        sink.publish([_heartbeat(1)])
+
+    message = str(caught.value)
+    assert f"redis://127.0.0.1:{port}/0" in message
+    assert streams.events in message
+    assert waits[:5] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6])
+    assert max(waits) == 2.0
+    assert sum(waits) == pytest.approx(30.0)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "redis://127.0.0.1:port/0", "x"])
+def test_a_malformed_url_is_a_configuration_error_naming_it(url: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"invalid Redis URL '{url}'"):
+        redis_client(url)
+
+
+def test_default_redis_url_prefers_the_environment_then_the_url_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("SPARKPOINT_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_redis_url() is None
+
+    default_dir = tmp_path / ".sparkpoint" / "server"
+    default_dir.mkdir(parents=True)
+    (default_dir / "redis.url").write_text("redis://127.0.0.1:7001/0\n")
+    assert default_redis_url() == "redis://127.0.0.1:7001/0"
+
+    env_dir = tmp_path / "env-dir"
+    env_dir.mkdir()
+    (env_dir / "redis.url").write_text("redis://127.0.0.1:7002/0\n")
+    monkeypatch.setenv("SPARKPOINT_DATA_DIR", str(env_dir))
+    assert default_redis_url() == "redis://127.0.0.1:7002/0"
+
+    arg_dir = tmp_path / "arg-dir"
+    arg_dir.mkdir()
+    assert default_redis_url(str(arg_dir)) is None  # the argument wins, and has no file
+    (arg_dir / "redis.url").write_text("redis://127.0.0.1:7003/0")
+    assert default_redis_url(str(arg_dir)) == "redis://127.0.0.1:7003/0"
+
+    monkeypatch.setenv("REDIS_URL", "redis://redis.example:6380/2")
+    assert default_redis_url(str(arg_dir)) == "redis://redis.example:6380/2"

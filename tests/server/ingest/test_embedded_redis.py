@@ -1,0 +1,123 @@
+"""The embedded Redis: starts, survives a crash of its process with its data, stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from sparkpoint.transport import default_redis_url, redis_client
+from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    embedded = EmbeddedRedis(tmp_path)
+    embedded.start()
+    yield embedded
+    embedded.stop()
+
+
+def _wait_for(condition: str, check: object, timeout_s: float = 20.0) -> None:
+    """Poll ``check()`` until true; fail naming ``condition`` after ``timeout_s``."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting until {condition}")
+        time.sleep(0.02)
+
+
+def test_start_writes_the_url_file_that_jobs_read(server: EmbeddedRedis, tmp_path: Path) -> None:
+    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+    assert (tmp_path / "redis.url").read_text() == server.url + "\n"
+    assert default_redis_url(str(tmp_path)) == server.url
+    assert redis_client(server.url).ping() is True
+    config = (tmp_path / "redis" / "redis.conf").read_text()
+    assert "appendonly yes" in config
+    assert "bind 127.0.0.1" in config
+
+
+def test_a_killed_server_is_restarted_on_the_same_port_with_its_data(
+    server: EmbeddedRedis,
+) -> None:
+    client = redis_client(server.url)
+    entry_id = client.xadd("events", {b"m": b"survives"})
+    old_pid = server.pid
+    assert old_pid is not None
+
+    os.kill(old_pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        return server.restarts == 1 and server.pid not in (None, old_pid)
+
+    _wait_for("the supervisor restarted the server", restarted)
+    assert client.xrange("events") == [(entry_id, {b"m": b"survives"})]
+    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+
+
+def test_stop_ends_the_process_and_removes_the_url_file(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as server:
+        pid = server.pid
+        url = server.url
+    assert pid is not None
+    assert not (tmp_path / "redis.url").exists()
+    assert server.pid is None
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+
+
+def test_data_survives_a_stop_and_start(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as server:
+        redis_client(server.url).xadd("events", {b"m": b"kept"})
+    with EmbeddedRedis(tmp_path) as server:
+        assert [f for _, f in redis_client(server.url).xrange("events")] == [{b"m": b"kept"}]
+
+
+def test_a_port_already_taken_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        embedded = EmbeddedRedis(tmp_path, port=port)
+
+        with pytest.raises(EmbeddedRedisError, match=f"port {port} on 127.0.0.1 is already in use"):
+            embedded.start()
+
+    assert embedded.pid is None
+    assert not (tmp_path / "redis.url").exists()
+
+
+def test_a_server_that_cannot_start_reports_the_end_of_its_log(tmp_path: Path) -> None:
+    embedded = EmbeddedRedis(tmp_path)
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "redis" / "appendonly.aof").write_bytes(b"not an append-only file\r\n")
+
+    with pytest.raises(EmbeddedRedisError, match=r"exited with code 1 while starting(.|\n)*AOF"):
+        embedded.start()
+    embedded.stop()
+
+
+def test_a_server_orphaned_by_a_killed_control_plane_is_stopped_before_a_new_start(
+    tmp_path: Path,
+) -> None:
+    first = EmbeddedRedis(tmp_path)
+    first.start()
+    redis_client(first.url).xadd("events", {b"m": b"before"})
+    orphan = first._process
+    assert orphan is not None
+    # The control plane dies: its supervisor is gone, its Redis lives on.
+    first._stopping.set()
+    assert first._supervisor is not None
+    first._supervisor.join()
+
+    with EmbeddedRedis(tmp_path) as second:
+        assert orphan.wait(timeout=10) == 0  # shut down by SIGTERM, not killed
+        assert [f for _, f in redis_client(second.url).xrange("events")] == [{b"m": b"before"}]
+    first.stop()

@@ -1,0 +1,187 @@
+"""REST requests that steer a job: savepoints, restore to N, cancel, stop, configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from service_harness import Harness
+
+from sparkpoint import protocol as p
+from sparkpoint_server.errors import (
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptCheckpointError,
+    InvalidRequestError,
+    JobNotFoundError,
+)
+from sparkpoint_server.storage.models import Checkpoint, Job, Operation
+
+
+def _op(h: Harness, request_id: str) -> Operation:
+    with h.sessions() as s:
+        op = s.get(Operation, request_id)
+        assert op is not None
+        return op
+
+
+def _job(h: Harness) -> Job:
+    with h.sessions() as s:
+        job = s.get(Job, h.job_id)
+        assert job is not None
+        return job
+
+
+def _completed(h: Harness, n: int) -> list[int]:
+    ids = []
+    for _ in range(n):
+        cid = h.trigger_periodic()
+        h.ack_all(1, cid, sink=True)
+        for i in range(2):
+            h.send(
+                1,
+                p.SinkCommitted(
+                    checkpoint_id=cid, operator_id="pv", subtask=i, transaction_id="t", parts=1
+                ),
+            )
+        ids.append(cid)
+    h.commands()
+    return ids
+
+
+def test_savepoint_completes_in_its_own_directory_and_survives_retention(
+    harness: Harness, tmp_path: os.PathLike[str]
+) -> None:
+    harness.start(retained=1)
+    target = os.path.join(str(tmp_path), "savepoints")
+    request = harness.plane.trigger_savepoint(harness.job_id, target, cancel_job=False)
+    [trigger] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
+    assert trigger.kind is p.CheckpointKind.SAVEPOINT and trigger.target_directory == target
+    assert _op(harness, request).status == "IN_PROGRESS"
+    harness.ack_all(1, trigger.checkpoint_id)
+    op = _op(harness, request)
+    assert op.status == "COMPLETED" and op.location is not None
+    directory = op.location.removeprefix("file://")
+    assert directory.startswith(target) and os.path.isfile(os.path.join(directory, "_metadata"))
+    with open(os.path.join(directory, "_metadata")) as fh:
+        meta = json.load(fh)
+    paths = [h["path"] for a in meta["acks"] for h in a["handles"]]
+    assert len(paths) == 4 and all(path.startswith(f"file://{directory}/") for path in paths)
+    assert all(os.path.isfile(path.removeprefix("file://")) for path in paths)
+    _completed(harness, 3)  # retention (1) drops checkpoints, never the savepoint
+    assert os.path.isfile(os.path.join(directory, "_metadata"))
+
+
+def test_restore_to_checkpoint_n_starts_a_new_attempt_and_completes(harness: Harness) -> None:
+    harness.start(retained=3)
+    first, second, _third = _completed(harness, 3)
+    request = harness.plane.restore(harness.job_id, first, None)
+    [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
+    assert (restore.new_attempt, restore.checkpoint_id, restore.request_id) == (2, first, request)
+    assert _job(harness).status == "RESTARTING" and _op(harness, request).status == "IN_PROGRESS"
+    harness.send(2, p.JobRestored(checkpoint_id=first, external_path=restore.external_path))
+    harness.running(2)
+    op = _op(harness, request)
+    assert (op.status, op.checkpoint_id) == ("COMPLETED", first)
+    job = _job(harness)
+    assert (job.status, job.attempt, job.restored_checkpoint_id) == ("RUNNING", 2, first)
+    # Ids keep increasing after a restore.
+    assert harness.trigger_periodic() == 4
+    del second
+
+
+def test_restore_refuses_unknown_missing_and_corrupt_checkpoints(harness: Harness) -> None:
+    harness.start(retained=2)
+    first, second = _completed(harness, 2)
+    with pytest.raises(CheckpointNotFoundError, match=r"checkpoint 99 .* savepoints: \[1, 2\]"):
+        harness.plane.restore(harness.job_id, 99, None)
+    state = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{first}", "pv-0-a1")
+    with open(state, "wb") as fh:
+        fh.write(b"tampered")
+    with pytest.raises(CorruptCheckpointError, match="pv-0-a1"):
+        harness.plane.restore(harness.job_id, first, None)
+    os.remove(os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{second}", "_metadata"))
+    with pytest.raises(CheckpointNotFoundError, match=f"checkpoint {second}"):
+        harness.plane.restore(harness.job_id, second, None)
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        harness.plane.restore(harness.job_id, first, "/x")
+    with pytest.raises(CheckpointNotFoundError, match="savepoint_path"):
+        harness.plane.restore(harness.job_id, None, "/nowhere/savepoint-1")
+    with pytest.raises(JobNotFoundError):
+        harness.plane.restore("no-such-job", first, None)
+    assert _job(harness).attempt == 1  # nothing changed
+
+
+def test_restore_from_a_savepoint_path(harness: Harness, tmp_path: os.PathLike[str]) -> None:
+    harness.start()
+    request = harness.plane.trigger_savepoint(harness.job_id, f"{tmp_path}/sp", cancel_job=False)
+    [trigger] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
+    harness.ack_all(1, trigger.checkpoint_id)
+    location = _op(harness, request).location
+    assert location is not None
+    harness.commands()
+    restore_request = harness.plane.restore(harness.job_id, None, location)
+    [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
+    assert restore.savepoint_path == location and restore.request_id == restore_request
+
+
+def test_cancel_and_stop_with_savepoint(harness: Harness, tmp_path: os.PathLike[str]) -> None:
+    harness.start()
+    request = harness.plane.stop_with_savepoint(harness.job_id, f"{tmp_path}/sp")
+    [stop] = [c for _, c in harness.commands() if isinstance(c, p.StopWithSavepoint)]
+    harness.ack_all(1, stop.checkpoint_id)
+    assert _op(harness, request).status == "COMPLETED"
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.FINISHED))
+    assert _job(harness).status == "FINISHED"
+    with pytest.raises(ConflictError, match="FINISHED"):
+        harness.plane.cancel(harness.job_id)
+
+
+def test_cancel_a_running_job(harness: Harness) -> None:
+    harness.start()
+    harness.trigger_periodic()
+    request = harness.plane.cancel(harness.job_id)
+    types = harness.command_types()
+    assert types == ["checkpoint_abort", "cancel"] and _job(harness).status == "CANCELLING"
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    assert _job(harness).status == "CANCELED" and _op(harness, request).status == "COMPLETED"
+
+
+def test_configuration_changes_apply_from_the_next_trigger(harness: Harness) -> None:
+    harness.start()
+    stored = harness.plane.update_checkpoint_config(harness.job_id, {"interval_ms": 5000})
+    assert stored["interval_ms"] == 5000 and _job(harness).checkpoint_config["interval_ms"] == 5000
+    assert harness.command_types() == ["configuration_changed"]
+    harness.tick(4999)
+    assert harness.commands() == []
+    harness.tick(1)
+    assert harness.command_types() == ["trigger_checkpoint"]
+    with pytest.raises(InvalidRequestError, match="mode"):
+        harness.plane.update_checkpoint_config(harness.job_id, {"mode": 1})
+    with pytest.raises(InvalidRequestError, match="retained"):
+        harness.plane.update_checkpoint_config(harness.job_id, {"retained": 0})
+
+
+def test_restart_strategy_set_while_running(harness: Harness) -> None:
+    harness.start()
+    conf = harness.plane.set_restart_strategy(harness.job_id, {"restart-strategy.type": "none"})
+    assert conf["restart-strategy.type"] == "none" and "description" in conf
+    with pytest.raises(InvalidRequestError, match="attempts"):
+        harness.plane.set_restart_strategy(
+            harness.job_id,
+            {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": -1},
+        )
+    assert _job(harness).restart_strategy == {"restart-strategy.type": "none"}
+    harness.send(1, p.TaskFailed(epoch=1, cause="boom"))
+    assert _job(harness).status == "FAILED"
+
+
+def test_savepoint_of_a_job_that_is_not_running_is_refused(harness: Harness) -> None:
+    harness.register()
+    with pytest.raises(ConflictError, match="CREATED"):
+        harness.plane.trigger_savepoint(harness.job_id, None, cancel_job=False)
+    with pytest.raises(InvalidRequestError, match="target-directory"):
+        harness.plane.trigger_savepoint(harness.job_id, "relative/dir", cancel_job=False)
+    with harness.sessions() as s:
+        assert s.query(Checkpoint).count() == 0
