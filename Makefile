@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo test bench bench-ss lint format clean
+.PHONY: demo test bench bench-ss bench-control-plane lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -28,19 +28,36 @@ format: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_pv.py
 
+bench-control-plane: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_ingest.py
+	$(PY) tests/benchmarks/bench_api.py
+
 bench-ss: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_vs_structured_streaming.py
 
+DEMO_PORT ?= 8081
+
+# The control plane (embedded Redis unless REDIS_URL, SQLite unless DATABASE_URL) and the example
+# job connected to it; the control plane keeps running after the job finished, until Ctrl-C.
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
-	$(VENV)/bin/sparkpoint run jobs/examples/pv_count.py --standalone \
+	@set -euo pipefail; \
+	export SPARKPOINT_DATA_DIR=$(abspath $(DEMO_DIR))/server; \
+	$(VENV)/bin/sparkpoint server --port $(DEMO_PORT) > $(DEMO_DIR)/server.log 2>&1 & server=$$!; \
+	trap 'kill $$server 2>/dev/null; wait $$server 2>/dev/null' EXIT INT TERM; \
+	for _ in $$(seq 60); do curl -sf http://127.0.0.1:$(DEMO_PORT)/healthz >/dev/null && break; sleep 0.5; done; \
+	curl -sf http://127.0.0.1:$(DEMO_PORT)/healthz >/dev/null || { cat $(DEMO_DIR)/server.log; exit 1; }; \
+	echo "control plane: http://127.0.0.1:$(DEMO_PORT) (OpenAPI: /docs, metrics: /metrics)"; \
+	echo "API token:     $$(cat $$SPARKPOINT_DATA_DIR/api-token)"; \
+	$(VENV)/bin/sparkpoint run jobs/examples/pv_count.py \
 		--checkpoint-dir file://$(abspath $(DEMO_DIR))/checkpoints --checkpoint-interval 1 \
-		--events-log $(DEMO_DIR)/events.jsonl --local-dir $(DEMO_DIR)/local \
-		--events 200000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output
-	@echo
-	@echo "committed output:  $(DEMO_DIR)/output (files not starting with . or _)"
-	@echo "checkpoints:       $(DEMO_DIR)/checkpoints/<job-id>/chk-<n>/_metadata"
-	@echo "protocol events:   $(DEMO_DIR)/events.jsonl"
+		--retained 5 --local-dir $(DEMO_DIR)/local \
+		--events 400000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output; \
+	echo; \
+	echo "committed output:  $(DEMO_DIR)/output (files not starting with . or _)"; \
+	echo "checkpoints:       curl http://127.0.0.1:$(DEMO_PORT)/jobs, then /jobs/<id>/checkpoints"; \
+	echo "the control plane keeps running; Ctrl-C stops it"; \
+	wait $$server
 
 clean:
 	rm -rf $(VENV) .sparkpoint .pytest_cache .mypy_cache .ruff_cache

@@ -48,6 +48,7 @@ class Runner:
     def start(self, *, background: bool = True) -> None:
         """Steps (1)-(4) of the module docstring."""
         s = self.settings
+        self.streams = Streams(prefix=s.stream_prefix)
         # Step 1
         if s.redis_url:
             self.redis_url = s.redis_url
@@ -97,6 +98,8 @@ class Runner:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
+        if self.control_plane is not None:
+            self.control_plane.close()
         if self._engine is not None:
             self._engine.dispose()
         if self.embedded is not None:

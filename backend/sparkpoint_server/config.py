@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     embedded_redis_port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port
+    stream_prefix: str = Field(default="sparkpoint", pattern=r"^[A-Za-z0-9_.-]+$")
     consumer_name: str = "control-plane"
     ingest_batch: int = Field(default=1000, ge=1, le=100_000)
     tick_ms: int = Field(default=50, ge=5, le=10_000)  # timers: triggers, timeouts, restarts

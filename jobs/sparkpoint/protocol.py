@@ -9,7 +9,6 @@ payload raises :class:`ProtocolError` (the control plane routes those to a dead-
 from __future__ import annotations
 
 import enum
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -388,10 +387,14 @@ def encode(message: Envelope, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> byt
 def decode(raw: bytes | str | dict[str, Any]) -> tuple[Envelope, _Model]:
     """Parse and validate a message; raises :class:`ProtocolError`, never anything else."""
     try:
-        data = raw if isinstance(raw, dict) else json.loads(raw)
-        env = Envelope.model_validate(data)
+        if isinstance(raw, dict):
+            env = Envelope.model_validate(raw)
+        else:  # pydantic-core parses and validates in one pass
+            env = Envelope.model_validate_json(raw)
     except (ValueError, TypeError) as err:
         detail = _first_error(err) if isinstance(err, ValidationError) else str(err)
+        if isinstance(err, ValidationError) and err.errors()[0]["type"] == "json_invalid":
+            detail = f"invalid JSON ({err.errors()[0]['msg'].removeprefix('Invalid JSON: ')})"
         raise ProtocolError(f"malformed message: {detail}") from err
     if env.v > SCHEMA_VERSION:
         raise ProtocolError(f"schema version {env.v} is newer than {SCHEMA_VERSION}")

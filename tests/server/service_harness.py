@@ -87,6 +87,7 @@ class Harness:
             env = p.envelope(job_id or self.job_id, attempt, self.clock.now_ms(), payload)
             messages.append(ReceivedMessage(f"0-{uuid.uuid4().int % 10**9}", env, payload))
         self.plane.handle_batch(messages)
+        self.plane.wait_idle()
 
     def register(self, incarnation: str = "driver-1", **config: Any) -> None:
         conf = {
@@ -181,6 +182,7 @@ class Harness:
     def tick(self, advance_ms: float = 0) -> None:
         self.clock.advance(advance_ms)
         self.plane.tick()
+        self.plane.wait_idle()
 
     def trigger_periodic(self, attempt: int = 1) -> int:
         """Advance past the interval and tick; returns the triggered checkpoint id."""

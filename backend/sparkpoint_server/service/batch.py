@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +33,35 @@ class Batch:
         self.touched.add(job_id)
 
     def later(self, action: Callable[[], None]) -> None:
-        """Run ``action`` after the commit (best effort: failures are logged)."""
+        """Delete state after the commit, in the background (best effort: logged on failure);
+        the ingest does not wait for the filesystem (Flink disposes checkpoints the same way,
+        in an I/O executor)."""
         self.after_commit.append(action)
 
-    def run_after_commit(self) -> None:
-        for action in self.after_commit:
-            try:
-                action()
-            except Exception:  # a deletion that fails leaves garbage, never wrong state
-                log.exception("post-commit action failed")
+
+class Disposer:
+    """Runs deletions after their transaction committed, in order, on one background thread."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkpoint-dispose")
+        self._last: Future[None] | None = None
+
+    def submit(self, actions: list[Callable[[], None]]) -> None:
+        if actions:
+            self._last = self._pool.submit(_run_all, actions)
+
+    def wait_idle(self) -> None:
+        """Wait until every submitted deletion ran (tests, shutdown)."""
+        if self._last is not None:
+            self._last.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _run_all(actions: list[Callable[[], None]]) -> None:
+    for action in actions:
+        try:
+            action()
+        except Exception:  # a deletion that fails leaves garbage, never wrong state
+            log.exception("disposing checkpoint state failed")

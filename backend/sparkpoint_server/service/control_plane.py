@@ -31,7 +31,7 @@ from sparkpoint_server.errors import ConflictError, JobNotFoundError
 from sparkpoint_server.ingest.consumer import TransientIngestError
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import requests as r
-from sparkpoint_server.service.batch import Batch
+from sparkpoint_server.service.batch import Batch, Disposer
 from sparkpoint_server.service.events import EventApplier, RejectedEventError
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
 from sparkpoint_server.storage.models import Job
@@ -61,6 +61,7 @@ class ControlPlane:
         self.stats = stats
         self.jobs: dict[str, JobRuntime] = {}
         self._lock = threading.RLock()
+        self.disposer = Disposer()
         self.checkpoint_dir = str(settings.checkpoint_dir)
         self.savepoint_dir = str(settings.savepoint_dir)
         self.events = EventApplier(
@@ -90,7 +91,7 @@ class ControlPlane:
                 raise
             session.close()
             self._send(batch.commands)
-            batch.run_after_commit()
+            self.disposer.submit(batch.after_commit)
 
     def _send(self, commands: list[p.Envelope]) -> None:
         if not commands or self.client is None:
@@ -110,6 +111,13 @@ class ControlPlane:
                     self.jobs.pop(job_id, None)
                 else:
                     self.jobs[job_id] = load_job(session, row, self.clock, self.checkpoint_dir)
+
+    def wait_idle(self) -> None:
+        """Wait for the background deletions submitted so far."""
+        self.disposer.wait_idle()
+
+    def close(self) -> None:
+        self.disposer.close()
 
     def _count_stale(self) -> None:
         if self.stats is not None:

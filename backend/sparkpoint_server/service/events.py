@@ -282,7 +282,7 @@ class EventApplier:
             ),
             clock_flagged=ack.clock_flagged
             or (trigger_ts is not None and ack.ack_timestamp < trigger_ts),
-            ack=ack.model_dump(mode="json"),
+            ack=env.payload,  # the wire form: what recovery validates back
         )
         if result.discarded:  # a late acknowledgement of an aborted checkpoint
             storage, job_id, cid = rt.storage, rt.job_id, ack.checkpoint_id

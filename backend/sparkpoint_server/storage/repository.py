@@ -9,9 +9,10 @@ change nothing and keeps the ingest at tens of thousands of events per second.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -45,9 +46,38 @@ SUBTASK_FIELDS = (
 SubtaskKey = tuple[str, int, str, int]  # job, checkpoint, operator, subtask
 
 
-def _insert(session: Session, table: Any) -> Any:
+JOBS: Table = Job.__table__  # type: ignore[assignment]
+CHECKPOINTS: Table = Checkpoint.__table__  # type: ignore[assignment]
+SUBTASKS: Table = CheckpointSubtask.__table__  # type: ignore[assignment]
+HEARTBEATS: Table = Heartbeat.__table__  # type: ignore[assignment]
+EXCEPTIONS: Table = JobException.__table__  # type: ignore[assignment]
+STATUS_HISTORY: Table = JobStatusChange.__table__  # type: ignore[assignment]
+OPERATIONS: Table = Operation.__table__  # type: ignore[assignment]
+
+
+def _insert(session: Session, table: Table) -> Any:
+    """The dialect's INSERT (for ON CONFLICT) on a Core table: no ORM bulk machinery."""
     dialect = session.get_bind().dialect.name
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def _update_many(
+    session: Session, table: Table, keys: tuple[str, ...], rows: list[dict[str, Any]]
+) -> None:
+    """UPDATE rows by primary key, one executemany per set of columns."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        cols = tuple(sorted(k for k in row if k not in keys))
+        groups[cols].append(
+            {**{k: v for k, v in row.items() if k not in keys}, **{f"k_{k}": row[k] for k in keys}}
+        )
+    for cols, params in groups.items():
+        if not cols:
+            continue
+        stmt = table.update().values({c: bindparam(c) for c in cols})
+        for k in keys:
+            stmt = stmt.where(table.c[k] == bindparam(f"k_{k}"))
+        session.connection().execute(stmt, params)
 
 
 class BatchWriter:
@@ -64,6 +94,7 @@ class BatchWriter:
         self._checkpoints: dict[tuple[str, int], dict[str, Any]] = {}
         self._new_checkpoints: dict[tuple[str, int], dict[str, Any]] = {}
         self._jobs: dict[str, dict[str, Any]] = {}
+        self._operations: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ collected rows
 
@@ -102,19 +133,17 @@ class BatchWriter:
         self._jobs.setdefault(job_id, {}).update(fields)
 
     def insert_job(self, **fields: Any) -> None:
-        self.session.execute(_insert(self.session, Job).values(**fields))
-        self.session.flush()
+        self.session.connection().execute(JOBS.insert().values(**fields))
 
     def status_change(self, **fields: Any) -> None:
-        self.session.execute(_insert(self.session, JobStatusChange).values(**fields))
+        self.session.connection().execute(STATUS_HISTORY.insert().values(**fields))
 
     def operation(self, request_id: str, **fields: Any) -> None:
-        self.session.execute(
-            update(Operation).where(Operation.request_id == request_id).values(**fields)
-        )
+        """Update an operation row at flush; later values win."""
+        self._operations.setdefault(request_id, {}).update(fields)
 
     def insert_operation(self, **fields: Any) -> None:
-        self.session.execute(_insert(self.session, Operation).values(**fields))
+        self.session.connection().execute(OPERATIONS.insert().values(**fields))
 
     def exception_exists(self, dedupe_key: str) -> bool:
         if dedupe_key in self._exceptions:
@@ -127,20 +156,24 @@ class BatchWriter:
     def flush(self) -> None:
         """Write everything collected; the caller commits."""
         s = self.session
-        for job_id, fields in self._jobs.items():
-            s.execute(update(Job).where(Job.job_id == job_id).values(**fields))
+        conn = s.connection()
+        if self._jobs:
+            rows = [{"job_id": j, **f} for j, f in self._jobs.items()]
+            _update_many(s, JOBS, ("job_id",), rows)
         if self._new_checkpoints:
             rows = [
                 {"job_id": j, "checkpoint_id": c, **f}
                 for (j, c), f in self._new_checkpoints.items()
             ]
-            s.execute(_insert(s, Checkpoint).on_conflict_do_nothing(), rows)
-        for (job_id, cid), fields in self._checkpoints.items():
-            s.execute(
-                update(Checkpoint)
-                .where(Checkpoint.job_id == job_id, Checkpoint.checkpoint_id == cid)
-                .values(**fields)
-            )
+            conn.execute(_insert(s, CHECKPOINTS).on_conflict_do_nothing(), _complete_rows(rows))
+        if self._checkpoints:
+            rows = [
+                {"job_id": j, "checkpoint_id": c, **f} for (j, c), f in self._checkpoints.items()
+            ]
+            _update_many(s, CHECKPOINTS, ("job_id", "checkpoint_id"), rows)
+        if self._operations:
+            rows = [{"request_id": r, **f} for r, f in self._operations.items()]
+            _update_many(s, OPERATIONS, ("request_id",), rows)
         if self._subtasks:
             self._flush_subtasks()
         if self._heartbeats:
@@ -148,10 +181,10 @@ class BatchWriter:
                 {"job_id": j, "attempt": a, "epoch": e, **f}
                 for (j, a, e), f in self._heartbeats.items()
             ]
-            s.execute(_insert(s, Heartbeat).on_conflict_do_nothing(), rows)
+            conn.execute(_insert(s, HEARTBEATS).on_conflict_do_nothing(), rows)
         if self._exceptions:
             rows = [{"dedupe_key": k, **f} for k, f in self._exceptions.items()]
-            s.execute(_insert(s, JobException).on_conflict_do_nothing(), rows)
+            conn.execute(_insert(s, EXCEPTIONS).on_conflict_do_nothing(), _complete_rows(rows))
         self._reset()
 
     def _flush_subtasks(self) -> None:
@@ -163,8 +196,8 @@ class BatchWriter:
             rows.append(
                 {"job_id": job_id, "checkpoint_id": cid, "operator_id": op, "subtask": sub, **row}
             )
-        stmt = _insert(s, CheckpointSubtask)
-        table = CheckpointSubtask.__table__
+        stmt = _insert(s, SUBTASKS)
+        table = SUBTASKS
         keep_first = {
             name: func.coalesce(table.c[name], stmt.excluded[name])
             for name in SUBTASK_FIELDS
@@ -175,4 +208,10 @@ class BatchWriter:
             index_elements=["job_id", "checkpoint_id", "operator_id", "subtask"],
             set_=keep_first,
         )
-        s.execute(stmt, rows)
+        s.connection().execute(stmt, rows)
+
+
+def _complete_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row with the same keys (an executemany needs them), None where one lacks it."""
+    keys = {k for row in rows for k in row}
+    return [{k: row.get(k) for k in keys} for row in rows]

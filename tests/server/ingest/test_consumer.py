@@ -206,7 +206,7 @@ def _invalid_payload() -> bytes:
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        ({FIELD: b"{not json"}, "malformed message: Expecting property name"),
+        ({FIELD: b"{not json"}, "malformed message: invalid JSON (key must be a string"),
         ({FIELD: _unknown_type()}, "unknown message type 'explode' (job job-1)"),
         ({FIELD: _invalid_payload()}, "invalid heartbeat payload for job job-1: epoch"),
         ({b"other": b"x"}, "has no 'm' field"),

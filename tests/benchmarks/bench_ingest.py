@@ -1,0 +1,261 @@
+"""Control-plane event ingest: events per second from a Redis stream into the database.
+
+The stream is filled first with the events that running jobs send for each checkpoint
+(barriers injected and received, alignments, acknowledgements with handles, sink commits,
+heartbeats), for checkpoints the control plane triggered; then the real ingest path drains
+it: ``EventConsumer`` (XREADGROUP, decode, dead letters) → ``ControlPlane.handle_batch`` (one
+transaction per batch: coordinator, completions with ``_metadata`` files, rows) → XACK.
+Batch sizes are compared within one run, on SQLite (the default) and on PostgreSQL.
+
+    .venv/bin/python tests/benchmarks/bench_ingest.py [--jobs 10] [--checkpoints 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, func, select, text
+
+from sparkpoint import protocol as p
+from sparkpoint.transport import RedisEventSink, Streams, redis_client
+from sparkpoint_server.config import load_settings, normalize_database_url
+from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
+from sparkpoint_server.service.control_plane import ControlPlane
+from sparkpoint_server.storage.db import create_db_engine, migrate, session_factory
+from sparkpoint_server.storage.models import Checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_pv import write_results
+
+PARALLELISM = 4
+VERTICES = [
+    p.VertexModel(id="source", name="source", parallelism=PARALLELISM, operators=["source"]),
+    p.VertexModel(id="pv", name="pv -> sink", parallelism=PARALLELISM, operators=["pv", "sink"]),
+]
+
+
+def checkpoint_events(job: str, cid: int, now: int) -> list[Any]:
+    """What one job sends for one checkpoint: 37 events with parallelism 4."""
+    handle = p.StateHandleModel(
+        path=f"file:///nonexistent/{job}/chk-{cid}/x", size=4096, checksum="sha256:" + "0" * 64
+    )
+    out: list[Any] = []
+    for i in range(PARALLELISM):
+        out.append(
+            p.BarrierInjected(
+                checkpoint_id=cid,
+                operator_id="source",
+                subtask=i,
+                epoch=cid,
+                split_id=f"s{i}",
+                offset=cid * 1000,
+                timestamp=now,
+            )
+        )
+    for i in range(PARALLELISM):
+        out += [
+            p.BarrierReceived(
+                checkpoint_id=cid, operator_id="pv", subtask=i, channel=c, timestamp=now + c
+            )
+            for c in range(PARALLELISM)
+        ]
+        out.append(
+            p.AlignmentCompleted(
+                checkpoint_id=cid,
+                operator_id="pv",
+                subtask=i,
+                duration_ms=3.0,
+                buffered_bytes=1024,
+                buffered_records=10,
+            )
+        )
+    for op in ("source", "pv"):
+        for i in range(PARALLELISM):
+            out.append(
+                p.SnapshotCompleted(
+                    checkpoint_id=cid,
+                    operator_id=op,
+                    subtask=i,
+                    epoch=cid,
+                    ack_timestamp=now + 5,
+                    start_delay_ms=1.0,
+                    alignment_duration_ms=3.0,
+                    alignment_buffered_bytes=1024,
+                    sync_duration_ms=2.0,
+                    async_duration_ms=4.0,
+                    state_size=4096,
+                    checkpointed_size=4096,
+                    handles=[handle],
+                    source_positions={f"s{i}": cid * 1000} if op == "source" else {},
+                    sink_transactions=[
+                        p.SinkTransactionModel(transaction_id=f"{cid}-{i}", parts=[f"part-{i}"])
+                    ]
+                    if op == "pv"
+                    else [],
+                )
+            )
+    out += [
+        p.SinkCommitted(
+            checkpoint_id=cid, operator_id="pv", subtask=i, transaction_id=f"{cid}-{i}", parts=1
+        )
+        for i in range(PARALLELISM)
+    ]
+    out.append(
+        p.Heartbeat(
+            epoch=cid,
+            records=100_000,
+            duration_ms=1000.0,
+            records_per_second=100_000.0,
+            source_lag=0,
+            host_time=now,
+        )
+    )
+    return out
+
+
+def run_once(
+    database_url: str, redis_url: str, jobs: int, checkpoints: int, batch: int, base: str
+) -> dict[str, float]:
+    """Register jobs, trigger their checkpoints, fill the stream, then time the drain."""
+    migrate(database_url)
+    engine = create_db_engine(database_url)
+    sessions = session_factory(engine)
+    client = redis_client(redis_url)
+    streams = Streams(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    settings = load_settings(data_dir=os.path.join(base, "data"))
+    stats = IngestStats()
+    plane = ControlPlane(settings, sessions, client, streams=streams, stats=stats)
+    consumer = EventConsumer(client, plane.handle_batch, stats, streams=streams, batch_size=batch)
+    consumer.ensure_group()
+    sink = RedisEventSink(client, streams)
+    ids = [f"bench-{uuid.uuid4().hex[:10]}" for _ in range(jobs)]
+    config = {
+        "interval_ms": 0,
+        "max_concurrent": checkpoints + 1,
+        "timeout_ms": 3_600_000,
+        "retained": 3,
+        "checkpoint_storage": "filesystem",
+        "checkpoint_dir": f"file://{base}/checkpoints",
+    }
+    for job in ids:
+        sink.publish(
+            [
+                p.envelope(
+                    job,
+                    0,
+                    0,
+                    p.JobRegistered(
+                        job_name="pv",
+                        vertices=VERTICES,
+                        edges=[("source", "pv")],
+                        config=config,
+                        incarnation="bench",
+                    ),
+                )
+            ]
+        )
+        sink.publish([p.envelope(job, 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING))])
+    while consumer.poll_once():
+        pass
+    for job in ids:  # the control plane assigns the ids (one unit of work each; not timed)
+        for _ in range(checkpoints):
+            plane.trigger_checkpoint(job)
+    total = 0
+    now = int(time.time() * 1000)
+    for cid in range(1, checkpoints + 1):
+        envelopes = [
+            p.envelope(job, 1, now, ev) for job in ids for ev in checkpoint_events(job, cid, now)
+        ]
+        sink.publish(envelopes)
+        total += len(envelopes)
+    before = stats.events_ingested
+    started = time.perf_counter()
+    while consumer.poll_once():
+        pass
+    elapsed = time.perf_counter() - started
+    ingested = stats.events_ingested - before
+    with sessions() as s:
+        completed = s.execute(
+            select(func.count())
+            .select_from(Checkpoint)
+            .where(Checkpoint.status == "COMPLETED", Checkpoint.job_id.in_(ids))
+        ).scalar_one()
+    for key in client.scan_iter(f"{streams.prefix}:*"):
+        client.delete(key)
+    engine.dispose()
+    assert ingested == total, f"ingested {ingested} of {total}"
+    assert stats.dead_letters == 0, f"{stats.dead_letters} dead letters"
+    assert completed == jobs * checkpoints, f"{completed} completed"
+    return {"events": total, "seconds": elapsed, "events_per_s": total / elapsed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=10)
+    parser.add_argument("--checkpoints", type=int, default=100)
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("DATABASE_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    )
+    args = parser.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-ingest-") as base:
+        pg_admin = normalize_database_url(args.postgres)
+        pg_name = f"sparkpoint_bench_{uuid.uuid4().hex[:8]}"
+        admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{pg_name}"'))
+        try:
+            for batch in (100, 1000):
+                for db in ("sqlite", "postgresql"):
+                    url = (
+                        f"sqlite:///{base}/ingest-{batch}.db"
+                        if db == "sqlite"
+                        else pg_admin.rsplit("/", 1)[0] + f"/{pg_name}"
+                    )
+                    label = f"{db}, batch {batch}"
+                    results[label] = run_once(
+                        url,
+                        args.redis_url,
+                        args.jobs,
+                        args.checkpoints,
+                        batch,
+                        os.path.join(base, f"{db}-{batch}"),
+                    )
+                    print(f"{label}: {results[label]['events_per_s']:,.0f} events/s", flush=True)
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'))
+    rows = [
+        "| database, XREADGROUP batch | events | seconds | events/s |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {k} | {v['events']:,.0f} | {v['seconds']:.2f} | {v['events_per_s']:,.0f} |"
+            for k, v in results.items()
+        ),
+    ]
+    table = "\n".join(
+        [
+            f"Control-plane ingest, {args.jobs} jobs x {args.checkpoints} checkpoints, "
+            f"parallelism {PARALLELISM}+{PARALLELISM}, 37 events per job and checkpoint "
+            "(every checkpoint completes: `_metadata` written, rows, notification).",
+            "",
+            *rows,
+        ]
+    )
+    write_results("ingest", table, {"args": vars(args), "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
