@@ -1,0 +1,104 @@
+"""A real ``sparkpoint server`` process for end-to-end tests, and a REST client for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("REDIS_TEST_URL", "redis://127.0.0.1:6379/0")
+TOKEN = "e2e-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """``sparkpoint server`` on a free port, a data directory and a stream prefix of its own."""
+
+    data_dir: Path
+    prefix: str = field(default_factory=lambda: f"e2e-{uuid.uuid4().hex[:8]}")
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SPARKPOINT_DATA_DIR": str(self.data_dir),
+            "SPARKPOINT_STREAM_PREFIX": self.prefix,
+            "SPARKPOINT_API_TOKEN": TOKEN,
+            "SPARKPOINT_TICK_MS": "20",
+            "REDIS_URL": REDIS_URL,
+            "PYSPARK_PYTHON": sys.executable,
+        }
+
+    def start(self) -> None:
+        exe = Path(sys.executable).with_name("sparkpoint")
+        log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [str(exe), "server", "--port", str(self.port)],
+            cwd=ROOT,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"sparkpoint server did not start; see {log.name}")
+
+    def kill(self) -> None:
+        """SIGKILL: nothing is flushed, nothing is said goodbye."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 120.0, every_s: float = 0.25) -> Any:
+    """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
