@@ -1,0 +1,152 @@
+"""Checkpoints: statistics, one checkpoint's details, triggering one, and the configuration.
+
+Route order matters: ``/checkpoints/config`` and ``/checkpoints/details/...`` are declared
+before ``/checkpoints/{request_id}`` (the status of a triggered checkpoint) so that they win.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Path, Query
+from fastapi.responses import JSONResponse
+
+from sparkpoint_server.api.deps import (
+    ControlPlaneDep,
+    SessionsDep,
+    SettingsDep,
+    SummariesDep,
+    json_response,
+    require_token,
+)
+from sparkpoint_server.api.schemas import CheckpointConfigPatch, TriggerCheckpointRequest
+from sparkpoint_server.storage import checkpoint_stats, queries
+
+router = APIRouter(tags=["checkpoints"], dependencies=[Depends(require_token)])
+
+JobId = Annotated[str, Path(description="The job's id.", max_length=64)]
+CheckpointId = Annotated[int, Path(ge=1, description="The checkpoint's id.")]
+OperatorId = Annotated[str, Path(description="The operator (vertex) uid.", max_length=200)]
+RequestId = Annotated[str, Path(description="The id a trigger answered.", max_length=36)]
+
+
+@router.get(
+    "/jobs/{job_id}/checkpoints",
+    summary="Checkpointing statistics",
+    description="Flink's checkpointing statistics: `counts` (`restored` = restarts plus "
+    "completed restore requests), `summary` (min/max/avg/p50/p90/p95/p99/p999 over completed "
+    "checkpoints), `latest` (`completed`, `savepoint`, `failed`, `restored`) and `history` "
+    "(newest first, `limit` entries; default: the server's `default_history`).",
+    response_model=None,
+)
+def get_checkpoints(
+    job_id: JobId,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    summaries: SummariesDep,
+    limit: Annotated[int | None, Query(ge=1, le=10_000, description="History entries.")] = None,
+) -> JSONResponse:
+    with sessions() as session:
+        stats = checkpoint_stats.checkpoint_statistics(
+            session, job_id, limit or settings.default_history, summaries
+        )
+    return json_response(stats)
+
+
+@router.post(
+    "/jobs/{job_id}/checkpoints",
+    summary="Trigger a checkpoint",
+    description="Triggers a checkpoint now (Flink 1.17+). Answers 202 with the `request-id`; "
+    "poll `GET /jobs/{job_id}/checkpoints/{request_id}`.",
+    status_code=202,
+    response_model=None,
+)
+def trigger_checkpoint(
+    job_id: JobId,
+    sessions: SessionsDep,
+    control_plane: ControlPlaneDep,
+    body: Annotated[TriggerCheckpointRequest | None, Body()] = None,
+) -> JSONResponse:
+    with sessions() as session:
+        queries.require_job(session, job_id)
+    return json_response({"request-id": control_plane.trigger_checkpoint(job_id)}, 202)
+
+
+@router.get(
+    "/jobs/{job_id}/checkpoints/config",
+    summary="Checkpoint configuration",
+    description="Mode, interval, timeout, minimum pause, max concurrent, tolerable failures, "
+    "retained count, state backend and storage; `changeable` lists what PATCH accepts.",
+    response_model=None,
+)
+def get_checkpoint_config(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
+    with sessions() as session:
+        return json_response(queries.checkpoint_config(session, job_id))
+
+
+@router.patch(
+    "/jobs/{job_id}/checkpoints/config",
+    summary="Change the checkpoint configuration",
+    description="Any of `interval`, `timeout`, `min_pause` (ms), `tolerable_failed_checkpoints`"
+    " and `retained`; they apply from the next trigger. `mode` and `max_concurrent` change "
+    "only when the job (re)starts. Answers with the GET shape.",
+    response_model=None,
+)
+def patch_checkpoint_config(
+    job_id: JobId,
+    body: CheckpointConfigPatch,
+    sessions: SessionsDep,
+    control_plane: ControlPlaneDep,
+) -> JSONResponse:
+    with sessions() as session:
+        current = queries.checkpoint_config(session, job_id)
+    updated = control_plane.update_checkpoint_config(job_id, body.changes())
+    for name, key in queries.CONFIG_KEYS.items():
+        if key in updated:
+            current[name] = updated[key]
+    return json_response(current)
+
+
+@router.get(
+    "/jobs/{job_id}/checkpoints/details/{checkpoint_id}",
+    summary="One checkpoint",
+    description="The checkpoint's history entry plus `tasks`: per operator, its status, "
+    "acknowledged subtasks, sizes, slowest end-to-end duration and buffered bytes.",
+    response_model=None,
+)
+def get_checkpoint_details(
+    job_id: JobId, checkpoint_id: CheckpointId, sessions: SessionsDep
+) -> JSONResponse:
+    with sessions() as session:
+        return json_response(checkpoint_stats.checkpoint_details(session, job_id, checkpoint_id))
+
+
+@router.get(
+    "/jobs/{job_id}/checkpoints/details/{checkpoint_id}/subtasks/{operator_id}",
+    summary="One operator of one checkpoint",
+    description="The operator's task entry, a `summary` (min/max/avg of sizes, durations, "
+    "alignment, start delay) and every subtask: barrier, alignment, sync and async parts, "
+    "acknowledgement and state handles (never inline bytes). Alignment on Spark reflects "
+    "input skew and read order, not network backpressure (Spark's shuffle is blocking).",
+    response_model=None,
+)
+def get_subtask_details(
+    job_id: JobId, checkpoint_id: CheckpointId, operator_id: OperatorId, sessions: SessionsDep
+) -> JSONResponse:
+    with sessions() as session:
+        details = checkpoint_stats.subtask_details(session, job_id, checkpoint_id, operator_id)
+    return json_response(details)
+
+
+@router.get(
+    "/jobs/{job_id}/checkpoints/{request_id}",
+    summary="Status of a triggered checkpoint",
+    description="`status.id` IN_PROGRESS or COMPLETED; when completed, `operation.checkpointId`"
+    " or, if it failed, `operation.failure-cause` (and `failed: true`).",
+    response_model=None,
+)
+def get_checkpoint_trigger_status(
+    job_id: JobId, request_id: RequestId, sessions: SessionsDep
+) -> JSONResponse:
+    with sessions() as session:
+        return json_response(queries.operation_status(session, job_id, "checkpoint", request_id))

@@ -1,0 +1,100 @@
+"""The REST API's error answers, in Flink's shape ``{"errors": ["<message>"]}``.
+
+:func:`install_error_handlers` maps:
+
+- a :class:`~sparkpoint_server.errors.ControlPlaneError` to its ``status_code``;
+- invalid input (body, query or path) to 400, one ``"<field>: <what is wrong>"`` per problem
+  (never FastAPI's 422 dump);
+- an unknown route to 404 ``"Not found: <path>"``, a wrong method to 405;
+- anything else to 500 ``"internal error: <ExceptionType>"``, logged with its stack trace,
+  which never reaches the body.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sparkpoint_server.errors import ControlPlaneError, NotAuthenticatedError
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidConfigurationError(ControlPlaneError):
+    """Options that do not make a valid configuration; the message names the option."""
+
+    status_code = 400
+
+
+class ControlPlaneUnavailableError(ControlPlaneError):
+    """The coordination service is not running in this process (yet)."""
+
+    status_code = 503
+
+
+def error_response(status_code: int, *messages: str, **headers: str) -> JSONResponse:
+    """Flink's error body with ``messages``."""
+    return JSONResponse({"errors": list(messages)}, status_code=status_code, headers=headers)
+
+
+def validation_messages(errors: Sequence[Any]) -> list[str]:
+    """One ``"<field>: <what is wrong>"`` per pydantic/FastAPI validation error.
+
+    The field is the error's location without its source (``body``, ``query``, ``path``,
+    ``header``); a problem with the whole body is reported as ``body``.
+    """
+    messages = []
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ())]
+        where = loc[1:] if len(loc) > 1 and loc[0] in {"body", "query", "path", "header"} else loc
+        if error.get("type") == "json_invalid":
+            where = ["body"]
+        field = ".".join(where) or "body"
+        message = str(error.get("msg", "invalid"))
+        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        detail = (error.get("ctx") or {}).get("error")
+        if error.get("type") == "json_invalid" and detail:
+            message = f"{message} ({detail})"
+        messages.append(f"{field}: {message}")
+    return messages
+
+
+async def _control_plane_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ControlPlaneError)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, NotAuthenticatedError) else {}
+    return error_response(exc.status_code, str(exc), **headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(400, *validation_messages(exc.errors()))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        return error_response(404, f"Not found: {request.url.path}", **headers)
+    if exc.status_code == 405:
+        message = f"Method not allowed: {request.method} {request.url.path}"
+        return error_response(405, message, **headers)
+    return error_response(exc.status_code, str(exc.detail), **headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers described in this module's docstring on ``app``."""
+    app.add_exception_handler(ControlPlaneError, _control_plane_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)

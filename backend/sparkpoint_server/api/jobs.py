@@ -1,0 +1,105 @@
+"""Jobs: the list, one job's detail, its throughput and failures, and cancelling it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import JSONResponse
+
+from sparkpoint_server.api.deps import (
+    ClockDep,
+    ControlPlaneDep,
+    SessionsDep,
+    SettingsDep,
+    json_response,
+    require_token,
+)
+from sparkpoint_server.errors import InvalidRequestError
+from sparkpoint_server.storage import queries
+
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require_token)])
+
+JobId = Annotated[str, Path(description="The job's id.", max_length=64)]
+History = Annotated[int | None, Query(ge=1, le=10_000, description="How many entries.")]
+
+
+@router.get(
+    "/jobs",
+    summary="List jobs",
+    description="Every job, newest first: status, times, attempt, restarts, its latest "
+    "checkpoint and its current records per second.",
+    response_model=None,
+)
+def list_jobs(sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
+    with sessions() as session:
+        jobs = queries.list_jobs(session, clock.now_ms())
+    return json_response({"jobs": jobs})
+
+
+@router.get(
+    "/jobs/{job_id}",
+    summary="Job details",
+    description="Flink's job detail (`jid`, `state`, `vertices`, `timestamps`...) plus the "
+    "status history, the latest heartbeat's throughput and the registered configuration.",
+    response_model=None,
+)
+def job_details(job_id: JobId, sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
+    with sessions() as session:
+        return json_response(queries.job_details(session, job_id, clock.now_ms()))
+
+
+@router.patch(
+    "/jobs/{job_id}",
+    summary="Cancel a job",
+    description="Flink's `PATCH /jobs/:jobid?mode=cancel`: the job stops without a savepoint "
+    "(use `POST /jobs/{job_id}/stop` to stop with one). Answers 202 with the request id.",
+    status_code=202,
+    response_model=None,
+)
+def cancel_job(
+    job_id: JobId,
+    sessions: SessionsDep,
+    control_plane: ControlPlaneDep,
+    mode: Annotated[str, Query(description="Only `cancel`.")] = "cancel",
+) -> JSONResponse:
+    if mode != "cancel":
+        raise InvalidRequestError(
+            "mode",
+            f"unknown mode {mode!r}; the only mode is 'cancel' (to stop with a "
+            f"savepoint: POST /jobs/{job_id}/stop)",
+        )
+    with sessions() as session:
+        queries.require_job(session, job_id)
+    return json_response({"request-id": control_plane.cancel(job_id)}, 202)
+
+
+@router.get(
+    "/jobs/{job_id}/metrics/throughput",
+    summary="Throughput history",
+    description="The job's last `limit` heartbeats (one per accepted epoch), oldest first: "
+    "records, records per second, source lag and epoch duration.",
+    response_model=None,
+)
+def job_throughput(
+    job_id: JobId,
+    sessions: SessionsDep,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="How many samples.")] = 300,
+) -> JSONResponse:
+    with sessions() as session:
+        return json_response(queries.throughput(session, job_id, limit))
+
+
+@router.get(
+    "/jobs/{job_id}/exceptions",
+    summary="Exception history",
+    description="Flink's `exceptionHistory`: the job's failures newest first, each with what "
+    "the restart strategy decided (`action`); `truncated` when older ones exist.",
+    response_model=None,
+)
+def job_exceptions(
+    job_id: JobId, sessions: SessionsDep, settings: SettingsDep, limit: History = None
+) -> JSONResponse:
+    with sessions() as session:
+        history = queries.exception_history(session, job_id, limit or settings.default_history)
+    return json_response({"exceptionHistory": history})

@@ -1,0 +1,130 @@
+"""``GET /metrics``: checkpoint, job and ingest numbers in Prometheus' text format 0.0.4.
+
+Written by hand (no client library): one ``# HELP`` and ``# TYPE`` line per family, label
+values escaped as the format requires. The database part is read per scrape; the ingest
+counters come from ``app.state.ingest_stats``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from sparkpoint.protocol import JobStatus
+from sparkpoint_server.api.deps import SessionsDep, require_token
+from sparkpoint_server.storage.queries import MetricsSnapshot, metrics_snapshot
+
+router = APIRouter(tags=["metrics"], dependencies=[Depends(require_token)])
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Metric name, ``ingest_stats`` attribute, help text.
+INGEST_COUNTERS = (
+    ("sparkpoint_events_ingested_total", "events_ingested", "Job events applied by the ingest."),
+    ("sparkpoint_dead_letters_total", "dead_letters", "Messages moved to the dead-letter stream."),
+    (
+        "sparkpoint_stale_messages_total",
+        "stale_messages",
+        "Events refused because they carry an older job attempt.",
+    ),
+    ("sparkpoint_ingest_batches_total", "batches", "Batches of events read from Redis."),
+    (
+        "sparkpoint_ingest_handler_errors_total",
+        "handler_errors",
+        "Events whose handler failed (retried later).",
+    ),
+    ("sparkpoint_redis_errors_total", "redis_errors", "Errors talking to Redis."),
+)
+
+Sample = tuple[dict[str, str], float | int | None]
+
+
+def escape_label(value: str) -> str:
+    """A label value as the text format wants it: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_value(value: float | int) -> str:
+    """A sample value: integers as is, floats in Go's notation (``NaN``, ``+Inf``)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> list[str]:
+    """The lines of one metric family; samples whose value is ``None`` are left out."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        if value is None:
+            continue
+        rendered = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
+        selector = f"{{{rendered}}}" if rendered else ""
+        lines.append(f"{name}{selector} {format_value(value)}")
+    return lines
+
+
+def render_metrics(snapshot: MetricsSnapshot, ingest_stats: object) -> str:
+    """The whole exposition: database families first, then the ingest counters."""
+    lines: list[str] = []
+    lines += family(
+        "sparkpoint_checkpoints_total",
+        "gauge",
+        "Checkpoints and savepoints stored, per job and status (retention removes some).",
+        [({"job_id": job, "status": status}, n) for job, status, n in snapshot.checkpoints],
+    )
+    lines += family(
+        "sparkpoint_checkpoint_last_duration_ms",
+        "gauge",
+        "End-to-end duration of the job's latest completed checkpoint, in milliseconds.",
+        [({"job_id": job}, duration) for job, duration, _ in snapshot.last_completed],
+    )
+    lines += family(
+        "sparkpoint_checkpoint_last_size_bytes",
+        "gauge",
+        "State size of the job's latest completed checkpoint, in bytes.",
+        [({"job_id": job}, size) for job, _, size in snapshot.last_completed],
+    )
+    lines += family(
+        "sparkpoint_job_restarts_total",
+        "counter",
+        "Restarts of the job decided by its restart strategy.",
+        [({"job_id": job}, restarts) for job, _, restarts in snapshot.jobs],
+    )
+    lines += family(
+        "sparkpoint_job_status",
+        "gauge",
+        "1 for the job's current status, 0 for the others.",
+        (
+            ({"job_id": job, "status": s.value}, int(s.value == current))
+            for job, current, _ in snapshot.jobs
+            for s in JobStatus
+        ),
+    )
+    for name, attribute, help_text in INGEST_COUNTERS:
+        value = getattr(ingest_stats, attribute, 0)
+        lines += family(name, "counter", help_text, [({}, int(value or 0))])
+    return "\n".join(lines) + "\n"
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    description="Checkpoint counts, the latest completed checkpoint's duration and size, "
+    "restarts and status per job, and the ingest's counters, in Prometheus' text format.",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def metrics(request: Request, sessions: SessionsDep) -> Response:
+    with sessions() as session:
+        snapshot = metrics_snapshot(session)
+    stats = getattr(request.app.state, "ingest_stats", None)
+    return Response(render_metrics(snapshot, stats), media_type=CONTENT_TYPE)

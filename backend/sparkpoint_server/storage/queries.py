@@ -1,0 +1,431 @@
+"""Read-side queries of the REST API: jobs, throughput, failures, requests, settings, metrics.
+
+Each function takes an open :class:`~sqlalchemy.orm.Session`, runs Core selects and returns
+plain JSON-ready dicts in the shapes of Flink's REST API (field names included). Checkpoint
+statistics live in :mod:`sparkpoint_server.storage.checkpoint_stats`. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.checkpointing.restart import restart_strategy_from_config
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.protocol import JobStatus
+from sparkpoint_server.errors import CheckpointNotFoundError, JobNotFoundError, RequestNotFoundError
+from sparkpoint_server.storage.models import (
+    Checkpoint,
+    Heartbeat,
+    Job,
+    JobException,
+    JobStatusChange,
+    Operation,
+)
+
+C = Checkpoint.__table__.c
+J = Job.__table__.c
+H = Heartbeat.__table__.c
+E = JobException.__table__.c
+T = JobStatusChange.__table__.c
+O = Operation.__table__.c  # noqa: E741 - the operations table, as C/J/H/E/T
+
+COMPLETED = "COMPLETED"
+STATUS_HISTORY_LIMIT = 1000  # the newest transitions a job's detail lists
+
+#: API field of the checkpoint configuration -> key of ``jobs.checkpoint_config``.
+CONFIG_KEYS = {
+    "mode": "mode",
+    "interval": "interval_ms",
+    "timeout": "timeout_ms",
+    "min_pause": "min_pause_ms",
+    "max_concurrent": "max_concurrent",
+    "tolerable_failed_checkpoints": "tolerable_failures",
+    "retained": "retained",
+}
+#: The fields that ``PATCH /jobs/{id}/checkpoints/config`` changes on a running job.
+CHANGEABLE = ("interval", "timeout", "min_pause", "tolerable_failed_checkpoints", "retained")
+#: The fields fixed when the job (re)starts.
+FIXED_AT_START = ("mode", "max_concurrent")
+
+
+def ping(session: Session) -> None:
+    """Run ``SELECT 1``; raises the driver's error when the database is unreachable."""
+    session.execute(text("SELECT 1")).scalar_one()
+
+
+def require_job(session: Session, job_id: str) -> None:
+    """Raise :class:`JobNotFoundError` unless the job is known."""
+    if session.execute(select(J.job_id).where(J.job_id == job_id)).first() is None:
+        raise JobNotFoundError(job_id)
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+def list_jobs(session: Session, now_ms: int) -> list[dict[str, Any]]:
+    """Every job, newest first, with its latest checkpoint (``last-checkpoint``) or ``None``."""
+    c2 = Checkpoint.__table__.alias("newest")
+    newest_id = (
+        select(func.max(c2.c.checkpoint_id))
+        .where(c2.c.job_id == J.job_id)
+        .correlate(Job.__table__)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(
+            J.job_id,
+            J.name,
+            J.status,
+            J.start_time,
+            J.end_time,
+            J.attempt,
+            J.restarts,
+            J.records_per_second,
+            C.checkpoint_id,
+            C.status.label("checkpoint_status"),
+            C.trigger_timestamp,
+            C.completion_timestamp,
+        )
+        .select_from(Job.__table__)
+        .outerjoin(Checkpoint, (C.job_id == J.job_id) & (C.checkpoint_id == newest_id))
+        .order_by(J.start_time.desc(), J.job_id)
+    ).all()
+    return [
+        {
+            "id": row.job_id,
+            "name": row.name,
+            "status": row.status,
+            "start-time": row.start_time,
+            "end-time": -1 if row.end_time is None else row.end_time,
+            "duration": _duration(row.start_time, row.end_time, now_ms),
+            "attempt": row.attempt,
+            "restarts": row.restarts,
+            "last-checkpoint": None
+            if row.checkpoint_id is None
+            else {
+                "id": row.checkpoint_id,
+                "status": row.checkpoint_status,
+                "timestamp": row.completion_timestamp or row.trigger_timestamp,
+            },
+            "records-per-second": row.records_per_second,
+        }
+        for row in rows
+    ]
+
+
+def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
+    """A job as Flink's ``GET /jobs/:jobid`` shows it, with Sparkpoint's throughput and history.
+
+    ``timestamps`` maps each of Flink's eight statuses to the first time the job entered it
+    (0: never); ``status-history`` lists the newest :data:`STATUS_HISTORY_LIMIT` transitions,
+    oldest first.
+
+    Raises:
+        JobNotFoundError: the job is unknown.
+    """
+    job = session.execute(select(Job.__table__).where(J.job_id == job_id)).first()
+    if job is None:
+        raise JobNotFoundError(job_id)
+    first_entered = dict(
+        session.execute(
+            select(T.status, func.min(T.timestamp)).where(T.job_id == job_id).group_by(T.status)
+        ).all()
+    )
+    transitions = session.execute(
+        select(T.timestamp, T.status, T.previous, T.cause, T.attempt)
+        .where(T.job_id == job_id)
+        .order_by(T.timestamp.desc(), T.id.desc())
+        .limit(STATUS_HISTORY_LIMIT)
+    ).all()
+    graph = job.graph or {}
+    max_parallelism = (job.config or {}).get("max_parallelism")
+    return {
+        "jid": job.job_id,
+        "name": job.name,
+        "state": job.status,
+        "start-time": job.start_time,
+        "end-time": -1 if job.end_time is None else job.end_time,
+        "duration": _duration(job.start_time, job.end_time, now_ms),
+        "now": now_ms,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "vertices": [
+            {
+                "id": v["id"],
+                "name": v.get("name", v["id"]),
+                "parallelism": v.get("parallelism"),
+                "maxParallelism": v.get("max_parallelism") or max_parallelism,
+                "operators": v.get("operators", []),
+            }
+            for v in graph.get("vertices") or []
+        ],
+        "edges": [{"source": src, "target": dst} for src, dst in graph.get("edges") or []],
+        "timestamps": {s.value: first_entered.get(s.value, 0) for s in JobStatus},
+        "status-history": [
+            {
+                "timestamp": t.timestamp,
+                "status": t.status,
+                "previous": t.previous,
+                "cause": t.cause,
+                "attempt": t.attempt,
+            }
+            for t in reversed(transitions)
+        ],
+        "throughput": {
+            "records": job.records,
+            "records-per-second": job.records_per_second,
+            "source-lag": job.source_lag,
+            "last-heartbeat": job.last_heartbeat,
+        },
+        "config": job.config,
+    }
+
+
+def throughput(session: Session, job_id: str, limit: int) -> list[dict[str, Any]]:
+    """The job's last ``limit`` heartbeats (one per accepted epoch), oldest first.
+
+    Raises:
+        JobNotFoundError: the job is unknown.
+    """
+    require_job(session, job_id)
+    rows = session.execute(
+        select(
+            H.timestamp,
+            H.attempt,
+            H.epoch,
+            H.records,
+            H.records_per_second,
+            H.source_lag,
+            H.duration_ms,
+        )
+        .where(H.job_id == job_id)
+        .order_by(H.attempt.desc(), H.epoch.desc())
+        .limit(limit)
+    ).all()
+    return [
+        {
+            "timestamp": r.timestamp,
+            "attempt": r.attempt,
+            "epoch": r.epoch,
+            "records": r.records,
+            "records-per-second": r.records_per_second,
+            "source-lag": r.source_lag,
+            "duration": r.duration_ms,
+        }
+        for r in reversed(rows)
+    ]
+
+
+def exception_history(session: Session, job_id: str, limit: int) -> dict[str, Any]:
+    """Flink's ``exceptionHistory``: the newest ``limit`` failures and whether more exist.
+
+    Raises:
+        JobNotFoundError: the job is unknown.
+    """
+    require_job(session, job_id)
+    rows = session.execute(
+        select(E.kind, E.cause, E.timestamp, E.operator_id, E.subtask, E.attempt, E.epoch, E.action)
+        .where(E.job_id == job_id)
+        .order_by(E.timestamp.desc(), E.id.desc())
+        .limit(limit + 1)
+    ).all()
+    return {
+        "entries": [
+            {
+                "exceptionName": r.kind,
+                "stacktrace": r.cause,
+                "timestamp": r.timestamp,
+                "taskName": _task_name(r.operator_id, r.subtask),
+                "attempt": r.attempt,
+                "epoch": r.epoch,
+                "action": r.action,
+            }
+            for r in rows[:limit]
+        ],
+        "truncated": len(rows) > limit,
+    }
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+_FAILURE_CLASS = {
+    "checkpoint": "CheckpointFailure",
+    "savepoint": "CheckpointFailure",
+    "stop": "CheckpointFailure",
+    "restore": "RestoreFailure",
+    "cancel": "CancelFailure",
+}
+
+
+def operation_status(session: Session, job_id: str, kind: str, request_id: str) -> dict[str, Any]:
+    """Flink's asynchronous-operation result of a request (``status.id`` and ``operation``).
+
+    A failed request is ``COMPLETED`` with an ``operation.failure-cause``, as in Flink, and
+    ``"failed": true``.
+
+    Raises:
+        RequestNotFoundError: no request of that id and kind belongs to the job.
+    """
+    op = session.execute(
+        select(O.status, O.location, O.checkpoint_id, O.failure_cause).where(
+            O.request_id == request_id, O.job_id == job_id, O.kind == kind
+        )
+    ).first()
+    if op is None:
+        raise RequestNotFoundError(f"{kind} request {request_id} of job {job_id} not found")
+    if op.status == "IN_PROGRESS":
+        return {"status": {"id": "IN_PROGRESS"}, "operation": None, "failed": False}
+    if op.status == "FAILED":
+        cause = {"class": _FAILURE_CLASS.get(kind, "Failure"), "stack-trace": op.failure_cause}
+        return {"status": {"id": COMPLETED}, "operation": {"failure-cause": cause}, "failed": True}
+    return {
+        "status": {"id": COMPLETED},
+        "operation": {"location": op.location, "checkpointId": op.checkpoint_id},
+        "failed": False,
+    }
+
+
+def completed_checkpoints_after(session: Session, job_id: str, checkpoint_id: int) -> list[int]:
+    """The ids of the job's completed checkpoints and savepoints newer than ``checkpoint_id``.
+
+    Raises:
+        CheckpointNotFoundError: the job has no checkpoint ``checkpoint_id``.
+    """
+    known = session.execute(
+        select(C.checkpoint_id).where(C.job_id == job_id, C.checkpoint_id == checkpoint_id)
+    ).first()
+    if known is None:
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of job {job_id} not found")
+    return list(
+        session.execute(
+            select(C.checkpoint_id)
+            .where(C.job_id == job_id, C.status == COMPLETED, C.checkpoint_id > checkpoint_id)
+            .order_by(C.checkpoint_id)
+        ).scalars()
+    )
+
+
+def checkpoint_at_path(session: Session, job_id: str, path: str) -> int | None:
+    """The id of the job's checkpoint or savepoint stored at ``path``, if it is one."""
+    stripped = path.rstrip("/")
+    candidates = (stripped, stripped + "/", stripped + "/_metadata")
+    return session.execute(
+        select(func.max(C.checkpoint_id)).where(C.job_id == job_id, C.external_path.in_(candidates))
+    ).scalar_one_or_none()
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def checkpoint_config(session: Session, job_id: str) -> dict[str, Any]:
+    """The job's checkpointing configuration, Flink's field names, and what PATCH may change.
+
+    Raises:
+        JobNotFoundError: the job is unknown.
+    """
+    row = session.execute(select(J.checkpoint_config, J.config).where(J.job_id == job_id)).first()
+    if row is None:
+        raise JobNotFoundError(job_id)
+    return shape_checkpoint_config(row.checkpoint_config or {}, row.config or {})
+
+
+def shape_checkpoint_config(current: dict[str, Any], registered: dict[str, Any]) -> dict[str, Any]:
+    """The GET shape from ``jobs.checkpoint_config`` (current) and ``jobs.config`` (registered).
+
+    A key missing from both takes :class:`~sparkpoint.checkpointing.config.CheckpointConfig`'s
+    default (Flink's).
+    """
+    defaults = CheckpointConfig()
+    shaped: dict[str, Any] = {}
+    for api_name, key in CONFIG_KEYS.items():
+        value = current.get(key, registered.get(key, getattr(defaults, key)))
+        shaped[api_name] = getattr(value, "value", value)  # the mode enum's name
+    return {
+        **shaped,
+        "state_backend": registered.get("state_backend"),
+        "checkpoint_storage": registered.get("checkpoint_storage"),
+        "checkpoint_dir": registered.get("checkpoint_dir"),
+        "changeable": list(CHANGEABLE),
+    }
+
+
+def restart_strategy(session: Session, job_id: str) -> dict[str, Any]:
+    """The job's restart strategy (Flink keys) and a ``description`` of it.
+
+    Raises:
+        JobNotFoundError: the job is unknown.
+    """
+    conf = session.execute(
+        select(J.restart_strategy).where(J.job_id == job_id)
+    ).scalar_one_or_none()
+    if conf is None:
+        raise JobNotFoundError(job_id)
+    return shape_restart_strategy(conf)
+
+
+def shape_restart_strategy(conf: dict[str, Any]) -> dict[str, Any]:
+    """The GET shape of a restart strategy: its Flink keys plus ``description``."""
+    try:
+        description = restart_strategy_from_config(conf, checkpointing_enabled=True).describe()
+    except ConfigurationError as err:
+        description = f"invalid restart strategy: {err}"
+    return {**conf, "description": description}
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+@dataclass
+class MetricsSnapshot:
+    """The database's part of ``/metrics``, one query per family."""
+
+    checkpoints: list[tuple[str, str, int]] = field(default_factory=list)  # job, status, n
+    last_completed: list[tuple[str, float | None, int]] = field(default_factory=list)
+    jobs: list[tuple[str, str, int]] = field(default_factory=list)  # job, status, restarts
+
+
+def metrics_snapshot(session: Session) -> MetricsSnapshot:
+    """Checkpoint counts per job and status, each job's latest completed checkpoint, jobs."""
+    checkpoints = session.execute(
+        select(C.job_id, C.status, func.count())
+        .group_by(C.job_id, C.status)
+        .order_by(C.job_id, C.status)
+    ).all()
+    c2 = Checkpoint.__table__.alias("newest")
+    newest_completed = (
+        select(func.max(c2.c.checkpoint_id))
+        .where(c2.c.job_id == J.job_id, c2.c.status == COMPLETED)
+        .correlate(Job.__table__)
+        .scalar_subquery()
+    )
+    last_completed = session.execute(
+        select(J.job_id, C.end_to_end_duration, C.state_size)
+        .select_from(Job.__table__)
+        .join(Checkpoint, (C.job_id == J.job_id) & (C.checkpoint_id == newest_completed))
+        .order_by(J.job_id)
+    ).all()
+    jobs = session.execute(select(J.job_id, J.status, J.restarts).order_by(J.job_id)).all()
+    return MetricsSnapshot(
+        checkpoints=[(r[0], r[1], r[2]) for r in checkpoints],
+        last_completed=[(r[0], r[1], r[2]) for r in last_completed],
+        jobs=[(r[0], r[1], r[2]) for r in jobs],
+    )
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+def _duration(start: int, end: int | None, now_ms: int) -> int:
+    return max(0, (now_ms if end is None else end) - start)
+
+
+def _task_name(operator_id: str | None, subtask: int | None) -> str | None:
+    if operator_id is None:
+        return None
+    return operator_id if subtask is None else f"{operator_id}[{subtask}]"
