@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service_harness import Harness
+
 from sparkpoint import protocol as p
 from sparkpoint.transport import RedisEventSink
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
