@@ -59,7 +59,7 @@ def _client_command(ns: argparse.Namespace) -> int:
     from sparkpoint.rest_client import ApiError, ControlPlaneClient, api_token
 
     client = ControlPlaneClient(ns.api, api_token())
-    job = getattr(ns, "job_id", None)
+    job: str = getattr(ns, "job_id", "")
     try:
         if ns.command == "list":
             for j in client.request("GET", "/jobs")["jobs"]:

@@ -27,6 +27,20 @@ class Batch:
     commands: list[p.Envelope] = field(default_factory=list)
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)  # job ids whose runtime changed
+    # Completions whose ``_metadata`` is being written: (job runtime, checkpoint, future).
+    completions: list[tuple[Any, Any, Future[Any]]] = field(default_factory=list)
+    pool: ThreadPoolExecutor | None = None  # the I/O pool; None: run inline
+
+    def io(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run blocking I/O on the pool (or now, without one); the result is a future."""
+        if self.pool is not None:
+            return self.pool.submit(fn, *args)
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:
+            future.set_exception(err)
+        return future
 
     def command(self, job_id: str, attempt: int, payload: Any) -> None:
         self.commands.append(p.envelope(job_id, attempt, self.now, payload))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,6 +63,8 @@ class ControlPlane:
         self.jobs: dict[str, JobRuntime] = {}
         self._lock = threading.RLock()
         self.disposer = Disposer()
+        # Writing ``_metadata`` files is I/O: several completions of a batch write at once.
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sparkpoint-metadata")
         self.checkpoint_dir = str(settings.checkpoint_dir)
         self.savepoint_dir = str(settings.savepoint_dir)
         self.events = EventApplier(
@@ -79,9 +82,10 @@ class ControlPlane:
         """One transaction; then the commands and the deletions (see the module docstring)."""
         with self._lock:
             session = self.sessions()
-            batch = Batch(BatchWriter(session), self.clock.now_ms())
+            batch = Batch(BatchWriter(session), self.clock.now_ms(), pool=self._io)
             try:
                 yield batch
+                d.finish_completions(batch)
                 batch.writer.flush()
                 session.commit()
             except BaseException:
@@ -118,6 +122,7 @@ class ControlPlane:
 
     def close(self) -> None:
         self.disposer.close()
+        self._io.shutdown(wait=True)
 
     def _count_stale(self) -> None:
         if self.stats is not None:
@@ -181,7 +186,8 @@ class ControlPlane:
             return False
         now = self.clock.monotonic_ms()
         overdue = any(now >= pc.deadline_monotonic_ms() for pc in rt.coordinator.pending.values())
-        return overdue or rt.coordinator.periodic_due()
+        stopping = rt.stop_checkpoint is not None or rt.final_requested
+        return overdue or (not stopping and rt.coordinator.periodic_due())
 
     def _tick_job(self, batch: Batch, rt: JobRuntime) -> None:
         if rt.restart_due_at is not None:
@@ -189,7 +195,9 @@ class ControlPlane:
                 d.restart_now(batch, rt)
             return
         d.handle_failed(batch, rt, rt.coordinator.expire_overdue())
-        if rt.status is p.JobStatus.RUNNING and rt.coordinator.periodic_due():
+        # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.
+        stopping = rt.stop_checkpoint is not None or rt.final_requested
+        if rt.status is p.JobStatus.RUNNING and not stopping and rt.coordinator.periodic_due():
             try:
                 d.trigger(batch, rt, periodic=True)
             except CheckpointTriggerError as err:  # raced with a pause or max concurrent

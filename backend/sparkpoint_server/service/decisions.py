@@ -156,58 +156,77 @@ def acknowledged(batch: Batch, rt: JobRuntime, ack: p.SnapshotCompleted) -> None
 def complete(batch: Batch, rt: JobRuntime, cp: CompletedCheckpoint, savepoint_dir: str) -> None:
     """DESIGN §1's completion order.
 
-    Steps: (1) write ``_metadata`` (a savepoint: its self-contained copy in the target
-    directory), (2) the checkpoint's row and its request's, (3) after the commit: notify the
-    job so that its sinks commit, (4) delete the state of what retention subsumed.
+    Steps: (0) pin the checkpoint while its sinks have not committed (so that a completion
+    later in the same batch cannot subsume it), (1) write ``_metadata`` (a savepoint: its
+    self-contained copy in the target directory) on the I/O pool, while the batch goes on;
+    :func:`finish_completions` then does (2) the checkpoint's row and its request's, (3) after
+    the commit: the notification that makes the sinks commit, (4) deleting the state of what
+    retention subsumed.
     """
     cid = cp.checkpoint_id
-    # Step 1
-    try:
-        if cp.is_savepoint:
-            target = rt.savepoint_targets.pop(cid, None) or savepoint_dir
-            cp.external_path = write_savepoint(rt.job_id, cp, rt.storage, target)
-            original = rt.storage
-            batch.later(lambda: original.discard(rt.job_id, cid))
-        else:
-            cp.external_path = rt.storage.write_metadata(
-                rt.job_id, cid, checkpoint_metadata(rt.job_id, cp)
-            )
-    except (OSError, SparkpointError) as err:
-        handle_failed(batch, rt, [rt.coordinator.finalize_failed(cid, f"writing _metadata: {err}")])
-        return
-    # Step 2
-    alignment = sum(a.alignment_buffered_bytes for a in cp.acks.values())
+    # Step 0
     needs_commit = {key for key, ack in cp.acks.items() if ack.sink_transactions}
     if needs_commit:
         rt.uncommitted[cid] = needs_commit
         rt.coordinator.store.pin(cid, UNCOMMITTED_PIN)
-    batch.writer.checkpoint(
-        rt.job_id,
-        cid,
-        status=OK,
-        num_acknowledged_subtasks=len(cp.acks),
-        latest_ack_timestamp=max(a.ack_timestamp for a in cp.acks.values()),
-        completion_timestamp=cp.completion_timestamp,
-        end_to_end_duration=cp.end_to_end_duration_ms,
-        state_size=cp.state_size,
-        checkpointed_size=cp.checkpointed_size,
-        alignment_buffered=alignment,
-        external_path=cp.external_path,
-        committed=not needs_commit,
+    # Step 1
+    target = rt.savepoint_targets.pop(cid, None) or savepoint_dir
+    batch.completions.append((rt, cp, batch.io(_write_metadata, rt, cp, target)))
+
+
+def _write_metadata(rt: JobRuntime, cp: CompletedCheckpoint, savepoint_target: str) -> str | None:
+    if cp.is_savepoint:
+        return write_savepoint(rt.job_id, cp, rt.storage, savepoint_target)
+    return rt.storage.write_metadata(
+        rt.job_id, cp.checkpoint_id, checkpoint_metadata(rt.job_id, cp)
     )
-    request_id = rt.operations.pop(cid, None)
-    if request_id is not None:
-        batch.writer.operation(
-            request_id, status=OK, location=cp.external_path, updated_at=batch.now
+
+
+def finish_completions(batch: Batch) -> None:
+    """Steps (2)-(4) of :func:`complete`, in completion order, once each ``_metadata`` is
+    written; a completion whose ``_metadata`` failed fails as FINALIZE_CHECKPOINT_FAILURE."""
+    completions, batch.completions = batch.completions, []
+    for rt, cp, written in completions:
+        cid = cp.checkpoint_id
+        try:
+            cp.external_path = written.result()
+        except (OSError, SparkpointError) as err:
+            rt.uncommitted.pop(cid, None)
+            rt.coordinator.store.unpin(cid, UNCOMMITTED_PIN)
+            failed = rt.coordinator.finalize_failed(cid, f"writing _metadata: {err}")
+            handle_failed(batch, rt, [failed])
+            continue
+        if cp.is_savepoint:  # the state now lives in the savepoint's own directory
+            batch.later(partial(rt.storage.discard, rt.job_id, cid))
+        # Step 2
+        batch.writer.checkpoint(
+            rt.job_id,
+            cid,
+            status=OK,
+            num_acknowledged_subtasks=len(cp.acks),
+            latest_ack_timestamp=max(a.ack_timestamp for a in cp.acks.values()),
+            completion_timestamp=cp.completion_timestamp,
+            end_to_end_duration=cp.end_to_end_duration_ms,
+            state_size=cp.state_size,
+            checkpointed_size=cp.checkpointed_size,
+            alignment_buffered=sum(a.alignment_buffered_bytes for a in cp.acks.values()),
+            external_path=cp.external_path,
+            committed=cid not in rt.uncommitted,
         )
-    # Step 3
-    batch.command(rt.job_id, cp.attempt, p.NotifyCheckpointComplete(checkpoint_id=cid))
-    if cid in rt.cancel_after:
-        rt.cancel_after.discard(cid)
-        set_status(batch, rt, p.JobStatus.CANCELLING, f"cancel-job after savepoint {cid}")
-        batch.command(rt.job_id, rt.attempt, p.CancelJob(cause=f"cancel-job after savepoint {cid}"))
-    # Step 4
-    discard_subsumed(batch, rt)
+        request_id = rt.operations.pop(cid, None)
+        if request_id is not None:
+            batch.writer.operation(
+                request_id, status=OK, location=cp.external_path, updated_at=batch.now
+            )
+        # Step 3
+        batch.command(rt.job_id, cp.attempt, p.NotifyCheckpointComplete(checkpoint_id=cid))
+        if cid in rt.cancel_after:
+            rt.cancel_after.discard(cid)
+            cause = f"cancel-job after savepoint {cid}"
+            set_status(batch, rt, p.JobStatus.CANCELLING, cause)
+            batch.command(rt.job_id, rt.attempt, p.CancelJob(cause=cause))
+        # Step 4
+        discard_subsumed(batch, rt)
 
 
 def discard_subsumed(

@@ -29,6 +29,13 @@ from sparkpoint_server.storage.models import Job
 log = logging.getLogger(__name__)
 
 
+# Events that neither read nor change completed checkpoints: completions whose ``_metadata``
+# is still being written may stay open while they are applied.
+COMPLETION_SAFE = frozenset(
+    {p.SnapshotCompleted, p.BarrierInjected, p.BarrierReceived, p.AlignmentCompleted, p.Heartbeat}
+)
+
+
 class RejectedEventError(CheckpointError):
     """A well-formed event that contradicts the job's state (unknown subtask, checkpoint never
     triggered, unknown job): it goes to the dead-letter stream with this message."""
@@ -68,6 +75,7 @@ class EventApplier:
     def apply(self, batch: Batch, env: p.Envelope, payload: Any) -> None:
         """Apply one event. Raises :class:`RejectedEventError` for an event to dead-letter."""
         if isinstance(payload, p.JobRegistered):
+            d.finish_completions(batch)
             self._registered(batch, env, payload)
             return
         rt = self.jobs.get(env.job_id)
@@ -76,6 +84,8 @@ class EventApplier:
         handler = self._handlers.get(type(payload))
         if handler is None:
             return  # decisions a standalone driver would make (triggered, completed...)
+        if batch.completions and type(payload) not in COMPLETION_SAFE:
+            d.finish_completions(batch)  # what follows may read the completed checkpoints
         if env.attempt < rt.attempt:
             self.on_stale()
             return
@@ -193,7 +203,11 @@ class EventApplier:
         if changed and ev.status is p.JobStatus.CANCELED and rt.cancel_request is not None:
             batch.writer.operation(rt.cancel_request, status=d.OK, updated_at=batch.now)
             rt.cancel_request = None
-        if ev.status is p.JobStatus.FINISHED and rt.stop_checkpoint is not None:
+        if changed and not rt.active:  # the job is over: nothing pending can complete
+            aborted = rt.coordinator.abort_all(
+                d.Reason.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the job is {ev.status.value}"
+            )
+            d.handle_failed(batch, rt, aborted)
             rt.stop_checkpoint = None
 
     def _task_failed(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.TaskFailed) -> None:
