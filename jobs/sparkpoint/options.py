@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import CheckpointingMode
+from sparkpoint.transport import default_redis_url
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class JobOptions:
     events_log: str | None = None
     max_events_in_memory: int | None = 1_000_000  # the driver's own event history
     restart_strategy: dict[str, str] = field(default_factory=dict)
+    # Connected mode (not --standalone): the control plane's Redis and streams.
+    redis_url: str | None = None
+    stream_prefix: str = "sparkpoint"
+    control_plane_timeout_ms: int = 60_000  # for the control plane's first restore
 
 
 def _seconds_to_ms(flag: str, value: float) -> int:
@@ -88,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-delay", type=float)
     p.add_argument("--restart-option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--max-inline-state", type=int, default=1 << 20)
+    p.add_argument("--redis-url")
+    p.add_argument("--stream-prefix", default="sparkpoint")
+    p.add_argument("--control-plane-timeout", type=float, default=60.0)
     return p
 
 
@@ -105,11 +113,7 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         ns, rest = parser.parse_known_args(args)
     except SystemExit as err:  # argparse exits on bad values; turn that into our error
         raise ConfigurationError(f"invalid option in {' '.join(args)!r}") from err
-    if not ns.standalone:
-        raise ConfigurationError(
-            "this version runs jobs with --standalone (in-process coordination); "
-            "connecting to a control plane comes with `sparkpoint server`"
-        )
+    redis_url = None if ns.standalone else _redis_url(ns)
     if ns.parallelism < 1 or ns.parallelism > ns.max_parallelism:
         raise ConfigurationError(
             f"--parallelism must be between 1 and --max-parallelism ({ns.max_parallelism}), "
@@ -131,7 +135,7 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
     )
     options = JobOptions(
         job_id=ns.job_id or uuid.uuid4().hex,
-        standalone=True,
+        standalone=ns.standalone,
         checkpoint=checkpoint,
         checkpoint_dir=ns.checkpoint_dir,
         checkpoint_storage=storage,
@@ -148,8 +152,34 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         max_epoch_records=ns.max_epoch_records,
         events_log=ns.events_log,
         restart_strategy=restart,
+        redis_url=redis_url,
+        stream_prefix=ns.stream_prefix,
+        control_plane_timeout_ms=_seconds_to_ms(
+            "--control-plane-timeout", ns.control_plane_timeout
+        ),
     )
     return options, rest
+
+
+def _redis_url(ns: argparse.Namespace) -> str:
+    """Check the connected mode's options; return the control plane's Redis URL:
+    ``--redis-url``, else ``REDIS_URL``, else the file ``sparkpoint server`` writes."""
+    if not ns.stream_prefix.strip() or any(c.isspace() for c in ns.stream_prefix):
+        raise ConfigurationError(
+            f"--stream-prefix must be a non-empty name without spaces, got {ns.stream_prefix!r}"
+        )
+    if ns.control_plane_timeout <= 0:
+        raise ConfigurationError(
+            f"--control-plane-timeout must be > 0 seconds, got {ns.control_plane_timeout}"
+        )
+    url = ns.redis_url or default_redis_url()
+    if not url:
+        raise ConfigurationError(
+            "no control plane to connect to: start `sparkpoint server` (it writes "
+            "<SPARKPOINT_DATA_DIR or .sparkpoint/server>/redis.url), or set REDIS_URL or "
+            "--redis-url, or run the job with --standalone"
+        )
+    return url
 
 
 def _restart_options(ns: argparse.Namespace) -> dict[str, str]:

@@ -1,12 +1,16 @@
-"""Supervises a job's driver process: a crashed driver is restarted from its latest checkpoint.
+"""Supervises a job's driver process: a crashed driver is restarted.
 
 ``sparkpoint run`` starts the driver as a child process with a fixed job id. A driver that
 ends on its own (0 finished, 1 failed for good, 2 invalid configuration) ends the run; one
-that dies otherwise (killed, out of memory, a signal) is restarted with ``--from-checkpoint``
-pointing at the latest checkpoint that has ``_metadata`` in its checkpoint directory, so the
-new driver restores state, source positions and the sink transactions that checkpoint still
-has to commit. Completed checkpoints are durable before their sinks commit, so this keeps
-exactly-once across driver crashes.
+that dies otherwise (killed, out of memory, a signal) is restarted:
+
+- ``--standalone``: with ``--from-checkpoint`` pointing at the latest checkpoint that has
+  ``_metadata`` in its checkpoint directory, so the new driver restores state, source
+  positions and the sink transactions that checkpoint still has to commit. Completed
+  checkpoints are durable before their sinks commit, so this keeps exactly-once across
+  driver crashes.
+- connected to a control plane: with the same arguments. The new driver registers with a new
+  incarnation, and the control plane fails the job over to its latest completed checkpoint.
 """
 
 from __future__ import annotations
@@ -71,10 +75,11 @@ def supervise(
 ) -> int:
     """Run the job's driver in a child process, restarting it after a crash.
 
-    Steps: (1) fix the job id, (2) run the driver, (3) on a crash find the latest
-    completed checkpoint and start a new driver from it, up to ``max_restarts`` times.
+    Steps: (1) fix the job id, (2) run the driver, (3) on a crash start a new driver, up to
+    ``max_restarts`` times (standalone: from the latest completed checkpoint it finds).
     """
     args = list(job_args)
+    standalone = parse_job_options(args)[0].standalone  # an invalid option fails here
     # Step 1
     job_id = _option(args, "--job-id")
     if job_id is None:
@@ -96,6 +101,12 @@ def supervise(
                 f"{restarts} times; giving up"
             )
             return 1
+        if not standalone:
+            log(
+                f"sparkpoint run: driver of job {job_id} crashed ({what}); restarting "
+                "(the control plane names the checkpoint to restore)"
+            )
+            continue
         path = latest_checkpoint_path(args, job_id)
         args = _without(args, "--from-checkpoint")
         if path is not None:

@@ -10,7 +10,6 @@ checkpoints that a completion subsumed, never what a method returned.
 from __future__ import annotations
 
 from collections.abc import Iterable
-
 from typing import Any
 
 from sparkpoint.checkpointing.config import CheckpointConfig

@@ -1,0 +1,379 @@
+"""Connected mode: the control plane is the authority, and the driver obeys its commands.
+
+The conversation of ``docs/control-plane.md`` ("A job's life"): the driver registers, waits
+for its first ``restore``, then runs epochs, reading its command stream before each one. The
+control plane assigns checkpoint ids and trigger timestamps, completes checkpoints (it writes
+``_metadata`` and owns checkpoint storage) and decides every restart. The driver carries the
+barriers it is given, one per epoch in id order, keeps its tasks' acknowledgements until the
+checkpoint completes (then the sinks commit) or is aborted (then they are forgotten), and
+reports everything under its current attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+
+import redis
+
+from sparkpoint import protocol as p
+from sparkpoint.checkpointing.barriers import CheckpointBarrier
+from sparkpoint.checkpointing.restart import RestartStrategy
+from sparkpoint.checkpointing.storage import CheckpointStorage
+from sparkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ConfigurationError,
+    SparkpointError,
+)
+from sparkpoint.options import JobOptions
+from sparkpoint.runtime.authority import Authority, JobFailedError, registration
+from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
+from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.plan import SplitRange
+from sparkpoint.runtime.recovery import (
+    RestorePoint,
+    check_restore_point,
+    restore_point_from_metadata,
+    storage_for_checkpoint_path,
+)
+from sparkpoint.transport import (
+    CommandChannel,
+    ReceivedMessage,
+    RedisEventSink,
+    Streams,
+    redis_client,
+)
+
+#: How long one wait for commands blocks (back-pressure, a decision, the final checkpoint).
+WAIT_MS = 100
+#: How long one read blocks while the driver waits for its first ``restore``.
+FIRST_ANSWER_POLL_MS = 1000
+
+
+class ControlPlaneTimeoutError(SparkpointError):
+    """The control plane did not answer a job's registration in time."""
+
+
+@dataclass(frozen=True)
+class ControlPlaneLink:
+    """The Redis side of a connected driver: its event sink and its command channel."""
+
+    client: redis.Redis
+    streams: Streams
+    events: RedisEventSink
+    channel: CommandChannel
+    incarnation: str  # a nonce of this driver process; names its consumer too
+
+    @classmethod
+    def connect(cls, options: JobOptions) -> ControlPlaneLink:
+        """The link of a job's options (``--redis-url``, ``--stream-prefix``).
+
+        Raises:
+            ConfigurationError: no Redis URL, or a malformed one.
+        """
+        if not options.redis_url:
+            raise ConfigurationError(
+                f"job {options.job_id} runs connected to a control plane but has no Redis URL: "
+                "start `sparkpoint server`, set REDIS_URL or --redis-url, or use --standalone"
+            )
+        client = redis_client(options.redis_url)
+        streams = Streams(options.stream_prefix)
+        incarnation = uuid.uuid4().hex
+        return cls(
+            client=client,
+            streams=streams,
+            events=RedisEventSink(client, streams),
+            channel=CommandChannel(client, options.job_id, incarnation, streams),
+            incarnation=incarnation,
+        )
+
+
+class ControlPlaneAuthority(Authority):
+    """Runs a job as the control plane commands (see the module docstring)."""
+
+    def __init__(
+        self,
+        job: JobExecution,
+        restart: RestartStrategy,
+        link: ControlPlaneLink,
+        *,
+        timeout_ms: int,
+    ) -> None:
+        self.job = job
+        self.restart = restart
+        self.link = link
+        self.timeout_ms = timeout_ms
+        self._registered = False
+        self._started = False  # the first restore was obeyed
+        self._end: tuple[p.JobStatus, str | None] | None = None
+        self._checkpoints = CommandedCheckpoints()
+        self._running: QueuedBarrier | None = None  # the barrier of the epoch running now
+        self._awaiting_decision = False  # after task_failed: until restore or cancel
+
+    # ------------------------------------------------------------------ lifecycle
+    def prepare(self) -> None:
+        """Register and obey the control plane's first ``restore`` (before Spark starts).
+
+        Steps: (1) open the command stream, (2) send ``job_registered`` under attempt 0,
+        (3) read commands until the first ``restore`` came and was obeyed.
+
+        Raises:
+            ControlPlaneTimeoutError: no ``restore`` within ``--control-plane-timeout``.
+        """
+        job, channel = self.job, self.link.channel
+        try:
+            # Step 1
+            channel.open()
+            # Step 2
+            job.attempt = 0
+            job.publish(
+                registration(
+                    job,
+                    self.restart,
+                    incarnation=self.link.incarnation,
+                    extra_config={"from_checkpoint": job.options.from_checkpoint},
+                )
+            )
+            self._registered = True
+            # Step 3
+            deadline = job.clock.monotonic_ms() + self.timeout_ms
+            while not self._started and self._end is None:
+                left = deadline - job.clock.monotonic_ms()
+                if left <= 0:
+                    raise ControlPlaneTimeoutError(
+                        f"job {job.job_id}: the control plane did not answer its registration "
+                        f"within {self.timeout_ms / 1000:g} s (no restore command on "
+                        f"{channel.stream}); is `sparkpoint server` running on the same Redis "
+                        "and stream prefix? (--control-plane-timeout sets the wait)"
+                    )
+                self._obey(channel.read(block_ms=max(1, int(min(left, FIRST_ANSWER_POLL_MS)))))
+        except SparkpointError as err:
+            self._report_failed(err)
+            raise
+
+    def run(self, runner: EpochRunner) -> None:
+        """Until told to end: obey commands without blocking, then run the next epoch, or
+        wait for commands when no epoch may run (a decision, back-pressure, the final
+        checkpoint or the stop-with-savepoint in flight, the end of input)."""
+        channel = self.link.channel
+        self.job.planner.start()  # --rate counts from the first epoch, not from start-up
+        try:
+            while True:
+                self._obey(channel.read())
+                if self._end is not None:
+                    self._finish()
+                    return
+                epoch = self._next_epoch()
+                if epoch is None:
+                    self._obey(channel.read(block_ms=WAIT_MS))
+                    continue
+                ranges, queued = epoch
+                self._running = queued
+                outcome = self.job.run_epoch(
+                    runner, ranges, queued.barrier if queued else None, self
+                )
+                self._running = None
+                if outcome.failure is not None:
+                    self._fail(outcome.epoch, outcome.failure)
+                elif queued is not None:
+                    self._checkpoints.carried(queued)
+        except JobFailedError:
+            raise
+        except SparkpointError as err:
+            self._report_failed(err)
+            raise
+
+    def close(self) -> None:
+        self.link.client.close()
+
+    def _finish(self) -> None:
+        assert self._end is not None
+        status, cause = self._end
+        if status is p.JobStatus.FAILED:
+            self.job.set_status(p.JobStatus.FAILED, cause)
+            raise JobFailedError(f"job {self.job.job_id} failed: {cause or 'canceled as FAILED'}")
+        self.job.set_status(status, cause)
+
+    def _report_failed(self, err: SparkpointError) -> None:
+        """Tell the control plane that a registered job failed (if Redis still listens)."""
+        if self._registered and self.job.status is not p.JobStatus.FAILED:
+            with suppress(SparkpointError):
+                self.job.set_status(p.JobStatus.FAILED, str(err))
+
+    # ------------------------------------------------------------------ planning
+    def _next_epoch(self) -> tuple[list[SplitRange], QueuedBarrier | None] | None:
+        """The next epoch's ranges and barrier, or None when no epoch may run now.
+
+        The oldest queued barrier goes into the next epoch (a final one, or a
+        stop-with-savepoint one, after its last record). An epoch that would end the input
+        with no barrier left to carry asks for the final checkpoint (``end_of_input``) and
+        waits for it instead.
+        """
+        if self._awaiting_decision or not self._checkpoints.may_run_epoch:
+            return None
+        planner = self.job.planner
+        ranges = planner.next_ranges()
+        exhausts = planner.will_exhaust(ranges)
+        queued = self._checkpoints.next_barrier(exhausts)
+        if queued is not None:
+            return planner.with_barrier(ranges, at_end=queued.at_end), queued
+        if exhausts:
+            if self._checkpoints.ask_end_of_input():
+                self.job.publish(p.EndOfInput(epoch=self.job.epoch))
+            return None
+        return ranges, None
+
+    # ------------------------------------------------------------------ EpochListener
+    def before_acks(self) -> None:
+        pass
+
+    def on_decline(self, attempt: int, decline: p.CheckpointDeclined) -> None:
+        pass  # the control plane aborts the checkpoint
+
+    def on_ack(self, attempt: int, ack: p.SnapshotCompleted) -> None:
+        assert self._running is not None, f"job {self.job.job_id}: ack without a barrier"
+        self._checkpoints.hold(self._running, ack)
+
+    def after_acks(self) -> None:
+        pass
+
+    def after_epoch(self, epoch: int) -> None:
+        pass
+
+    # ------------------------------------------------------------------ commands
+    def _obey(self, messages: list[ReceivedMessage]) -> None:
+        """Obey commands in order, acknowledging each; stop at the first that ends the job."""
+        for message in messages:
+            if self._end is not None:
+                return
+            self._obey_one(message.envelope, message.payload)
+            self.link.channel.ack([message.entry_id])
+
+    def _obey_one(self, envelope: p.Envelope, command: object) -> None:
+        job = self.job
+        if envelope.job_id != job.job_id:
+            return
+        if isinstance(command, p.RestoreJob):
+            self._on_restore(command)
+        elif envelope.attempt < job.attempt:
+            return  # a command of an older attempt
+        elif isinstance(command, p.CancelJob):
+            failed = command.status is p.JobStatus.FAILED
+            self._end = (p.JobStatus.FAILED if failed else p.JobStatus.CANCELED, command.cause)
+        elif not self._started:
+            return  # nothing but restore and cancel before the first restore
+        elif isinstance(command, p.TriggerCheckpoint):
+            barrier = CheckpointBarrier(
+                command.checkpoint_id, command.trigger_timestamp, command.kind, command.is_final
+            )
+            self._checkpoints.queue(QueuedBarrier(barrier))
+        elif isinstance(command, p.StopWithSavepoint):
+            barrier = CheckpointBarrier(
+                command.checkpoint_id, command.trigger_timestamp, p.CheckpointKind.SAVEPOINT
+            )
+            self._checkpoints.queue(QueuedBarrier(barrier, stops_job=True))
+        elif isinstance(command, p.NotifyCheckpointComplete):
+            self._on_complete(command.checkpoint_id)
+        elif isinstance(command, p.NotifyCheckpointAborted):
+            self._checkpoints.abort(command.checkpoint_id)
+        # configuration_changed is informational: the control plane triggers.
+
+    def _on_complete(self, checkpoint_id: int) -> None:
+        """Commit the transactions of a completed checkpoint (ending the job if it is the
+        final checkpoint or the stop-with-savepoint)."""
+        job = self.job
+        completion = self._checkpoints.complete(checkpoint_id)
+        if completion is None:
+            return  # a duplicate, or not this attempt's
+        if job.options.crash_after_checkpoint == checkpoint_id:
+            os.kill(os.getpid(), signal.SIGKILL)  # testing hook: a driver crash, for real
+        try:
+            job.commit(checkpoint_id, completion.acks)
+        except Exception as err:  # a sink's error of any kind: the control plane decides
+            self._fail(job.epoch, f"committing checkpoint {checkpoint_id} failed: {err}")
+            return
+        job.completed.append(checkpoint_id)
+        if completion.ends_job:
+            self._end = (p.JobStatus.FINISHED, None)
+
+    def _fail(self, epoch: int, cause: str) -> None:
+        """Report a failure and wait for the control plane's decision."""
+        self.job.publish(p.TaskFailed(epoch=epoch, cause=cause))
+        self._awaiting_decision = True
+
+    def _on_restore(self, command: p.RestoreJob) -> None:
+        """Continue as the control plane's new attempt from the checkpoint it names.
+
+        Steps: (1) ignore a duplicate, (2) switch to the new attempt, forgetting queued
+        barriers and held acknowledgements, (3) read the checkpoint, (4) restore it (commit
+        its transactions again, abort every other uncommitted part, seek the sources),
+        (5) RUNNING.
+        """
+        job = self.job
+        # Step 1
+        if self._started and command.new_attempt <= job.attempt:
+            return
+        # Step 2
+        self._started = True
+        job.attempt = command.new_attempt
+        self._checkpoints.reset()
+        self._awaiting_decision = False
+        fresh = job.status is p.JobStatus.CREATED
+        what = (
+            f"checkpoint {command.checkpoint_id}"
+            if command.checkpoint_id is not None
+            else "the beginning"
+        )
+        if not fresh:
+            job.set_status(p.JobStatus.RESTARTING, f"attempt {job.attempt} restores {what}")
+        try:
+            # Step 3
+            point, storage = self._restore_point(command)
+            # Step 4
+            job.restore(point, storage, record=point is not None or not fresh)
+        except ConfigurationError:
+            raise
+        except (SparkpointError, OSError) as err:
+            self._fail(job.epoch, f"restore of {what} failed: {err}")
+            return
+        # Step 5
+        job.set_status(p.JobStatus.RUNNING)
+
+    def _restore_point(
+        self, command: p.RestoreJob
+    ) -> tuple[RestorePoint | None, CheckpointStorage | None]:
+        """The checkpoint a ``restore`` names and the storage its handles live in.
+
+        Raises:
+            CheckpointNotFoundError: no ``_metadata`` at its path, or it names a checkpoint
+                without saying where it is.
+            ConfigurationError: the checkpoint does not fit the job.
+        """
+        job = self.job
+        path = command.external_path or command.savepoint_path
+        storage: CheckpointStorage | None = None
+        if path:
+            storage = storage_for_checkpoint_path(path)
+            point = restore_point_from_metadata(storage, path)
+        elif command.acks:
+            if command.checkpoint_id is None:
+                raise CheckpointError(
+                    f"job {job.job_id}: restore to attempt {command.new_attempt} carries "
+                    "acknowledgements but no checkpoint id"
+                )
+            point = RestorePoint(
+                command.checkpoint_id, command.new_attempt - 1, tuple(command.acks)
+            )
+        elif command.checkpoint_id is not None:
+            raise CheckpointNotFoundError(
+                f"job {job.job_id}: restore of checkpoint {command.checkpoint_id} names neither "
+                "its external path nor its acknowledgements"
+            )
+        else:
+            return None, None
+        check_restore_point(point, job.graph)
+        return point, storage

@@ -1,0 +1,289 @@
+"""The job's side of checkpointing, the same under either authority: epochs, commits, restores.
+
+:class:`JobExecution` runs one epoch on Spark and accepts it (working-state versions, source
+positions, the tasks' events and acknowledgements), commits the sink transactions of a
+completed checkpoint, and restores a checkpoint (state, source positions, sink transactions).
+It decides nothing: an authority (:mod:`~sparkpoint.runtime.authority` in-process, or
+:mod:`~sparkpoint.runtime.connected` through the control plane) says which barrier an epoch
+carries, which checkpoint completed and what to restore, and hears of every acknowledgement
+through an :class:`EpochListener`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sparkpoint import protocol as p
+from sparkpoint.checkpointing.barriers import CheckpointBarrier
+from sparkpoint.checkpointing.storage import CheckpointStorage
+from sparkpoint.clock import Clock
+from sparkpoint.errors import InjectedFailure
+from sparkpoint.events import EventSink
+from sparkpoint.graph import JobGraph
+from sparkpoint.options import JobOptions
+from sparkpoint.runtime.plan import EpochPlan, FailureInjection, SplitRange, StateInput, TaskReport
+from sparkpoint.runtime.planner import EpochPlanner
+from sparkpoint.runtime.recovery import RestorePoint
+from sparkpoint.runtime.spark import EpochFailedError
+
+
+class EpochRunner(Protocol):
+    """Runs one epoch's plan (on Spark: :class:`~sparkpoint.runtime.spark.SparkEpochRunner`)."""
+
+    def run(self, plan: EpochPlan) -> list[TaskReport]: ...
+
+
+class EpochListener(Protocol):
+    """The authority's hooks while an epoch is accepted, in the order they are called.
+
+    A hook may raise :class:`~sparkpoint.runtime.spark.EpochFailedError` or
+    :class:`~sparkpoint.errors.InjectedFailure`: the epoch then counts as failed.
+    """
+
+    def before_acks(self) -> None:
+        """Positions and working state are accepted; the tasks' events come next."""
+
+    def on_decline(self, attempt: int, decline: p.CheckpointDeclined) -> None:
+        """A subtask declined a checkpoint (the decline is published already)."""
+
+    def on_ack(self, attempt: int, ack: p.SnapshotCompleted) -> None:
+        """A subtask acknowledged a checkpoint (the acknowledgement is published already)."""
+
+    def after_acks(self) -> None:
+        """Every acknowledgement of the epoch was handed over."""
+
+    def after_epoch(self, epoch: int) -> None:
+        """The heartbeat is out; the epoch is accepted unless this raises."""
+
+
+@dataclass(frozen=True)
+class EpochOutcome:
+    """How an epoch ended: accepted (``failure`` None) or failed with that cause."""
+
+    epoch: int
+    failure: str | None = None
+
+
+class JobExecution:
+    """The running job: positions, working state, counters, events, sinks."""
+
+    def __init__(
+        self,
+        graph: JobGraph,
+        options: JobOptions,
+        clock: Clock,
+        events: EventSink,
+        storage: CheckpointStorage,
+        planner: EpochPlanner,
+        *,
+        failure: FailureInjection | None,
+        durable: bool,
+    ) -> None:
+        self.graph = graph
+        self.options = options
+        self.clock = clock
+        self.job_id = options.job_id
+        self.events = events
+        self.storage = storage
+        self.planner = planner
+        self.failure = failure
+        self.durable = durable
+        self.attempt = 1  # the authority sets it: every event carries it
+        self.epoch = 0
+        self.committed_up_to = 0
+        self.records = 0
+        self.status = p.JobStatus.CREATED
+        self.completed: list[int] = []
+        self.restores: list[int | None] = []
+        n_state = graph.keyed.parallelism if graph.keyed else graph.source.parallelism
+        self.state_inputs: tuple[StateInput, ...] = tuple(StateInput() for _ in range(n_state))
+        self.restore_storage: CheckpointStorage | None = None  # where restored handles live
+
+    # ------------------------------------------------------------------ events
+    def publish(self, *payloads: Any) -> None:
+        now = self.clock.now_ms()
+        self.events.publish([p.envelope(self.job_id, self.attempt, now, pl) for pl in payloads])
+
+    def set_status(self, status: p.JobStatus, cause: str | None = None) -> None:
+        if status != self.status:
+            self.publish(p.JobStatusChanged(status=status, previous=self.status, cause=cause))
+            self.status = status
+
+    # ------------------------------------------------------------------ epochs
+    def run_epoch(
+        self,
+        runner: EpochRunner,
+        ranges: list[SplitRange],
+        barrier: CheckpointBarrier | None,
+        listener: EpochListener,
+    ) -> EpochOutcome:
+        """Run one epoch (its ranges carry the barrier's offsets) and accept it.
+
+        Steps: (1) plan, (2) run it on Spark, (3) accept it, telling ``listener``; a failure
+        in (2) or (3) makes the outcome failed, (4) count the epoch either way.
+        """
+        # Step 1
+        plan = EpochPlan(
+            job_id=self.job_id,
+            job_name=self.graph.name,
+            attempt=self.attempt,
+            epoch=self.epoch,
+            mode=self.options.checkpoint.mode,
+            ranges=tuple(ranges),
+            barrier=barrier,
+            state_inputs=self.state_inputs,
+            committed_up_to=self.committed_up_to,
+            storage=self.storage,
+            local_dir=self.options.local_dir,
+            failure=self.failure,
+            restore_storage=self.restore_storage,
+            durable_working_state=self.durable,
+            isolate_workers=self.options.isolate_workers,
+        )
+        started = self.clock.monotonic_ms()
+        outcome = EpochOutcome(plan.epoch)
+        try:
+            # Step 2
+            reports = runner.run(plan)
+            # Step 3
+            self._accept(plan, reports, self.clock.monotonic_ms() - started, listener)
+        except EpochFailedError as err:
+            outcome = EpochOutcome(plan.epoch, err.cause)
+        except InjectedFailure as err:
+            outcome = EpochOutcome(plan.epoch, f"InjectedFailure: {err}")
+        # Step 4
+        self.epoch += 1
+        return outcome
+
+    def _accept(
+        self,
+        plan: EpochPlan,
+        reports: list[TaskReport],
+        duration_ms: float,
+        listener: EpochListener,
+    ) -> None:
+        """Accept a finished epoch: the reports of its tasks become the truth."""
+        expected = {(uid, i) for uid, n in self.graph.tasks().items() for i in range(n)}
+        by_task = {
+            (r.operator_id, r.subtask): r
+            for r in reports
+            if r.attempt == plan.attempt and r.epoch == plan.epoch
+        }
+        if set(by_task) != expected:
+            missing = sorted(expected - set(by_task))
+            raise EpochFailedError(plan.epoch, f"no report from subtasks {missing}")
+        # Step 1: the working-state versions written by the accepted task attempts.
+        tail_uid = self.graph.sink_vertex_uid
+        replaced = [i.durable_path for i in self.state_inputs if i.durable_path]
+        self.state_inputs = tuple(
+            StateInput(
+                version=by_task[(tail_uid, i)].state_version,
+                durable_path=by_task[(tail_uid, i)].state_durable_path,
+            )
+            for i in range(len(self.state_inputs))
+        )
+        self.storage.discard_working_state(self.job_id, replaced)
+        # Step 2: positions, counters.
+        self.planner.advance(list(plan.ranges))
+        records = sum(r.records for r in plan.ranges)
+        self.records += records
+        self.planner.observe(records, duration_ms)
+        # Step 3: the tasks' events, then the acknowledgements and declines.
+        listener.before_acks()
+        ordered = sorted(
+            by_task.values(),
+            key=lambda r: (r.operator_id != self.graph.source.uid, r.operator_id, r.subtask),
+        )
+        self.publish(*(ev for r in ordered for ev in r.events))
+        for r in ordered:
+            for decline in r.declines:
+                self.publish(decline)
+                listener.on_decline(plan.attempt, decline)
+            for ack in r.acks:
+                self.publish(ack)
+                listener.on_ack(plan.attempt, ack)
+        listener.after_acks()
+        # Step 4: the heartbeat.
+        self.publish(
+            p.Heartbeat(
+                epoch=plan.epoch,
+                records=records,
+                duration_ms=duration_ms,
+                records_per_second=records / duration_ms * 1000 if duration_ms > 0 else 0.0,
+                source_lag=self.planner.lag(),
+                host_time=self.clock.now_ms(),
+            )
+        )
+        listener.after_epoch(plan.epoch)
+
+    # ------------------------------------------------------------------ commits, restores
+    def commit(self, checkpoint_id: int, acks: Iterable[p.SnapshotCompleted]) -> None:
+        """Commit the sink transactions that the acknowledgements of a completed checkpoint
+        carry (``sink_committed`` each)."""
+        sink, sink_uid = self.graph.sink, self.graph.sink_uid
+        assert sink is not None and sink_uid is not None
+        for ack in acks:
+            for txn in ack.sink_transactions:
+                sink.commit(sink_uid, txn)
+                self.publish(
+                    p.SinkCommitted(
+                        checkpoint_id=checkpoint_id,
+                        operator_id=ack.operator_id,
+                        subtask=ack.subtask,
+                        transaction_id=txn.transaction_id,
+                        parts=len(txn.parts),
+                    )
+                )
+        self.committed_up_to = max(self.committed_up_to, checkpoint_id)
+
+    def restore(
+        self,
+        point: RestorePoint | None,
+        storage: CheckpointStorage | None,
+        *,
+        record: bool = True,
+    ) -> None:
+        """Restore a checkpoint (None: the beginning); ``storage`` is where its handles live
+        (None: the job's own storage). ``record`` False leaves it out of ``restores``.
+
+        Steps: (1) commit the restored checkpoint's pre-committed transactions again,
+        (2) abort every other uncommitted part, (3) seek the sources back, (4) hand the
+        state handles to the subtasks, (5) report ``job_restored``."""
+        sink, sink_uid = self.graph.sink, self.graph.sink_uid
+        assert sink is not None and sink_uid is not None
+        self.restore_storage = storage
+        # Step 1
+        committed = 0
+        if point is not None:
+            for ack in point.acks:
+                for txn in ack.sink_transactions:
+                    committed += 1
+                    sink.commit(sink_uid, txn)
+            self.committed_up_to = max(self.committed_up_to, point.checkpoint_id)
+        # Step 2
+        aborted = sink.abort_uncommitted(sink_uid, keep=set())
+        # Step 3
+        self.planner.reset(point.source_positions() if point else {})
+        self.storage.discard_working_state(self.job_id)  # every version is stale now
+        # Step 4
+        n = len(self.state_inputs)
+        if point is not None and self.graph.keyed is not None:
+            handles = point.handles(self.graph.keyed.uid)
+            self.state_inputs = tuple(
+                StateInput(handles=handles, restored_from=point.checkpoint_id) for _ in range(n)
+            )
+        else:
+            self.state_inputs = tuple(StateInput() for _ in range(n))
+        # Step 5
+        if record:
+            self.restores.append(point.checkpoint_id if point else None)
+        self.publish(
+            p.JobRestored(
+                checkpoint_id=point.checkpoint_id if point else None,
+                external_path=point.external_path if point else None,
+                committed_transactions=committed,
+                aborted_parts=aborted,
+            )
+        )

@@ -1,0 +1,96 @@
+"""Options of connected mode, and which authority the driver runs a job under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint import cli
+from sparkpoint.connectors.sinks import FileSink
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import JobOptions, parse_job_options
+from sparkpoint.runtime.authority import InProcessAuthority
+from sparkpoint.runtime.connected import ControlPlaneAuthority
+from sparkpoint.runtime.driver import JobDriver
+from sparkpoint.supervisor import SUPERVISED_ENV
+from sparkpoint.testing import ListSource
+
+
+@pytest.fixture
+def no_redis(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No REDIS_URL, and a control-plane data directory without ``redis.url``."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("SPARKPOINT_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_connected_mode_without_a_control_plane_says_how_to_get_one(no_redis: Path) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        parse_job_options(["--checkpoint-interval", "1"])
+    message = str(err.value)
+    assert "start `sparkpoint server`" in message and "REDIS_URL" in message
+    assert "--standalone" in message
+
+
+def test_the_redis_url_comes_from_the_option_the_environment_or_the_servers_file(
+    no_redis: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (no_redis / "redis.url").write_text("redis://127.0.0.1:7777/0\n")
+    assert parse_job_options([])[0].redis_url == "redis://127.0.0.1:7777/0"
+    monkeypatch.setenv("REDIS_URL", "redis://env:6379/1")
+    assert parse_job_options([])[0].redis_url == "redis://env:6379/1"
+    opts, rest = parse_job_options(
+        [
+            *("--redis-url", "redis://cli:6379/2", "--stream-prefix", "team-a"),
+            *("--control-plane-timeout", "2.5", "--events", "10"),
+        ]
+    )
+    assert (opts.standalone, opts.redis_url, opts.stream_prefix) == (
+        False,
+        "redis://cli:6379/2",
+        "team-a",
+    )
+    assert opts.control_plane_timeout_ms == 2500 and rest == ["--events", "10"]
+    assert JobOptions().control_plane_timeout_ms == 60_000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--control-plane-timeout", "0"], "--control-plane-timeout must be > 0 seconds"),
+        (["--stream-prefix", "a b"], "--stream-prefix must be a non-empty name without spaces"),
+    ],
+)
+def test_invalid_connected_options_name_the_option(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse_job_options(["--redis-url", "redis://127.0.0.1:6379/0", *argv])
+
+
+def test_standalone_needs_no_redis(no_redis: Path) -> None:
+    opts, _ = parse_job_options(["--standalone"])
+    assert opts.standalone and opts.redis_url is None
+
+
+def test_sparkpoint_run_without_a_control_plane_exits_2_before_starting_the_driver(
+    no_redis: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(SUPERVISED_ENV, raising=False)
+    rc = cli.main(["run", "jobs/examples/pv_count.py", "--output", str(no_redis / "out")])
+    assert rc == 2
+    assert "invalid configuration: no control plane to connect to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("standalone", [True, False])
+def test_the_driver_runs_under_the_in_process_or_the_control_planes_authority(
+    tmp_path: Path, standalone: bool
+) -> None:
+    options = JobOptions(
+        job_id="which", standalone=standalone, redis_url="redis://127.0.0.1:6379/0"
+    )
+    env = StreamExecutionEnvironment(options)
+    env.from_source(ListSource((1, 2)), uid="src").sink_to(FileSink(str(tmp_path)), uid="out")
+    driver = JobDriver(env.graph, options)
+    expected = InProcessAuthority if standalone else ControlPlaneAuthority
+    assert type(driver.authority) is expected
