@@ -8,6 +8,7 @@ migrated to the latest schema, (3) the coordination service rebuilt from the dat
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -27,6 +28,10 @@ from sparkpoint_server.service.control_plane import ControlPlane
 from sparkpoint_server.storage.db import create_db_engine, migrate, session_factory
 
 log = logging.getLogger(__name__)
+
+# The ingest allocates many short-lived objects; Python's default (700, 10, 10) runs the cyclic
+# GC so often that it took a quarter of the ingest time (tests/benchmarks/bench_ingest.py).
+GC_THRESHOLDS = (50_000, 20, 100)
 
 
 @dataclass
@@ -78,6 +83,8 @@ class Runner:
         )
         self.consumer.ensure_group()
         if background:
+            gc.freeze()  # what start-up allocated lives as long as the process
+            gc.set_threshold(*GC_THRESHOLDS)
             self._spawn("sparkpoint-ingest", self.consumer.run, self._stop)
             self._spawn("sparkpoint-timers", self._timers)
 

@@ -230,16 +230,22 @@ def finish_completions(batch: Batch) -> None:
 
 
 def discard_subsumed(
-    batch: Batch, rt: JobRuntime, released: list[CompletedCheckpoint] | None = None
+    batch: Batch,
+    rt: JobRuntime,
+    released: list[CompletedCheckpoint] | None = None,
+    *,
+    drain: bool = True,
 ) -> None:
-    """Delete (after the commit) the state of what retention dropped or a pin released."""
-    for old in [*rt.coordinator.drain_subsumed(), *(released or [])]:
+    """Delete (after the commit) the state of what retention dropped (``drain``) or a pin
+    released."""
+    dropped = rt.coordinator.drain_subsumed() if drain else []
+    for old in [*dropped, *(released or [])]:
         batch.writer.checkpoint(rt.job_id, old.checkpoint_id, discarded=True)
         batch.later(partial(rt.storage.discard, rt.job_id, old.checkpoint_id))
 
 
-def unpin(batch: Batch, rt: JobRuntime, checkpoint_id: int, why: str) -> None:
-    discard_subsumed(batch, rt, rt.coordinator.store.unpin(checkpoint_id, why))
+def unpin(batch: Batch, rt: JobRuntime, checkpoint_id: int, why: str, drain: bool = True) -> None:
+    discard_subsumed(batch, rt, rt.coordinator.store.unpin(checkpoint_id, why), drain=drain)
 
 
 def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted) -> None:
@@ -251,7 +257,8 @@ def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted) -> None:
         return
     del rt.uncommitted[ev.checkpoint_id]
     batch.writer.checkpoint(rt.job_id, ev.checkpoint_id, committed=True)
-    unpin(batch, rt, ev.checkpoint_id, UNCOMMITTED_PIN)
+    # Not draining: completions of this batch may still be writing their _metadata.
+    unpin(batch, rt, ev.checkpoint_id, UNCOMMITTED_PIN, drain=False)
 
 
 # ----------------------------------------------------------------------------- failures

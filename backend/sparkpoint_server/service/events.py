@@ -32,7 +32,14 @@ log = logging.getLogger(__name__)
 # Events that neither read nor change completed checkpoints: completions whose ``_metadata``
 # is still being written may stay open while they are applied.
 COMPLETION_SAFE = frozenset(
-    {p.SnapshotCompleted, p.BarrierInjected, p.BarrierReceived, p.AlignmentCompleted, p.Heartbeat}
+    {
+        p.SnapshotCompleted,
+        p.BarrierInjected,
+        p.BarrierReceived,
+        p.AlignmentCompleted,
+        p.Heartbeat,
+        p.SinkCommitted,  # for a checkpoint notified in an earlier batch: its pin only
+    }
 )
 
 

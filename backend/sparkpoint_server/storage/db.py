@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
@@ -13,14 +14,24 @@ from sqlalchemy.orm import Session, sessionmaker
 MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
 
 
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
 def create_db_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys on.
 
     WAL lets the REST API read while the ingest writes; the busy timeout makes a writer wait
-    for the other instead of failing with "database is locked".
+    for the other instead of failing with "database is locked". JSON columns (acknowledgements
+    with their handles) are written with orjson: the stdlib encoder was a tenth of the ingest.
     """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -32,7 +43,14 @@ def create_db_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=8,
+        max_overflow=8,
+        json_serializer=_json_dumps,
+        json_deserializer=orjson.loads,
+    )
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
