@@ -43,6 +43,7 @@ def set_status(batch: Batch, rt: JobRuntime, status: p.JobStatus, cause: str | N
     elif status is p.JobStatus.RUNNING:
         fields["end_time"] = None
         rt.restart.on_running(batch.now)
+        rt.coordinator.start_periodic_timer()
     batch.writer.job(rt.job_id, **fields)
     batch.writer.status_change(
         job_id=rt.job_id,

@@ -142,6 +142,11 @@ class CheckpointCoordinator:
 
     # ------------------------------------------------------------------------- triggering
 
+    def start_periodic_timer(self) -> None:
+        """The job (re)started running: the next periodic checkpoint is one interval away
+        (Flink starts its checkpoint scheduler when the job reaches RUNNING)."""
+        self._periodic_base_mono = self._clock.monotonic_ms()
+
     def periodic_due(self) -> bool:
         """Whether to trigger a periodic checkpoint now: the interval has passed since the last
         regular trigger (or start, or failover), the minimum pause since the last completion or

@@ -109,6 +109,7 @@ class ControlPlaneAuthority(Authority):
         self.timeout_ms = timeout_ms
         self._registered = False
         self._started = False  # the first restore was obeyed
+        self._spark_ready = False  # run() began: Spark is up
         self._end: tuple[p.JobStatus, str | None] | None = None
         self._checkpoints = CommandedCheckpoints()
         self._running: QueuedBarrier | None = None  # the barrier of the epoch running now
@@ -161,6 +162,9 @@ class ControlPlaneAuthority(Authority):
         checkpoint or the stop-with-savepoint in flight, the end of input)."""
         channel = self.link.channel
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
+        self._spark_ready = True
+        if self.job.status is p.JobStatus.CREATED and self._end is None:
+            self.job.set_status(p.JobStatus.RUNNING)
         try:
             while True:
                 self._obey(channel.read())
@@ -340,8 +344,10 @@ class ControlPlaneAuthority(Authority):
         except (SparkpointError, OSError) as err:
             self._fail(job.epoch, f"restore of {what} failed: {err}")
             return
-        # Step 5
-        job.set_status(p.JobStatus.RUNNING)
+        # Step 5: a first start reports RUNNING once Spark is up (see run), as Flink does
+        # once the tasks are deployed: the control plane starts the checkpoint interval then.
+        if not fresh or self._spark_ready:
+            job.set_status(p.JobStatus.RUNNING)
 
     def _restore_point(
         self, command: p.RestoreJob

@@ -145,3 +145,14 @@ def test_retention_keeps_a_checkpoint_until_its_sinks_committed(harness: Harness
     assert not os.path.exists(chk1)
     assert _row(harness, first).discarded and _row(harness, first).committed
     assert not _row(harness, second).discarded
+
+
+def test_the_interval_counts_from_running_not_from_registration(harness: Harness) -> None:
+    harness.register()
+    harness.clock.advance(5000)  # Spark starting up
+    harness.running(1)
+    harness.commands()
+    harness.tick(999)
+    assert harness.commands() == []
+    harness.tick(1)
+    assert harness.command_types() == ["trigger_checkpoint"]
