@@ -30,6 +30,8 @@ class Batch:
     # Completions whose ``_metadata`` is being written: (job runtime, checkpoint, future).
     completions: list[tuple[Any, Any, Future[Any]]] = field(default_factory=list)
     pool: ThreadPoolExecutor | None = None  # the I/O pool; None: run inline
+    # Pending checkpoints acknowledged in this batch: (job, id) -> (runtime, latest ack time).
+    acknowledged: dict[tuple[str, int], tuple[Any, int]] = field(default_factory=dict)
 
     def io(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run blocking I/O on the pool (or now, without one); the result is a future."""

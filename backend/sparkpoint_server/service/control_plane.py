@@ -86,6 +86,7 @@ class ControlPlane:
             try:
                 yield batch
                 d.finish_completions(batch)
+                d.record_acknowledged(batch)
                 batch.writer.flush()
                 session.commit()
             except BaseException:

@@ -139,19 +139,30 @@ def resend_trigger(batch: Batch, rt: JobRuntime, pending: PendingCheckpoint) -> 
 
 
 def acknowledged(batch: Batch, rt: JobRuntime, ack: p.SnapshotCompleted) -> None:
-    """Record a new acknowledgement on its checkpoint row (the subtask row is written apart)."""
-    pending = rt.coordinator.pending.get(ack.checkpoint_id)
-    if pending is None:
-        return
-    batch.writer.checkpoint(
-        rt.job_id,
-        ack.checkpoint_id,
-        num_acknowledged_subtasks=pending.num_acknowledged,
-        latest_ack_timestamp=ack.ack_timestamp,
-        state_size=pending.state_size,
-        checkpointed_size=pending.checkpointed_size,
-        alignment_buffered=sum(a.alignment_buffered_bytes for a in pending.acks.values()),
-    )
+    """A new acknowledgement of a pending checkpoint: its row is updated once per batch."""
+    batch.acknowledged.setdefault((rt.job_id, ack.checkpoint_id), (rt, ack.ack_timestamp))
+    latest = max(batch.acknowledged[(rt.job_id, ack.checkpoint_id)][1], ack.ack_timestamp)
+    batch.acknowledged[(rt.job_id, ack.checkpoint_id)] = (rt, latest)
+
+
+def record_acknowledged(batch: Batch) -> None:
+    """The rows of the checkpoints acknowledged in this batch that are still pending: counts,
+    sizes and the latest acknowledgement, summed once per checkpoint (not once per ack)."""
+    for (job_id, cid), (rt, latest) in batch.acknowledged.items():
+        pending = rt.coordinator.pending.get(cid)
+        if pending is None:
+            continue  # it completed or failed in this batch: that wrote its row
+        acks = pending.acks.values()
+        batch.writer.checkpoint(
+            job_id,
+            cid,
+            num_acknowledged_subtasks=len(pending.acks),
+            latest_ack_timestamp=latest,
+            state_size=sum(a.state_size for a in acks),
+            checkpointed_size=sum(a.checkpointed_size for a in acks),
+            alignment_buffered=sum(a.alignment_buffered_bytes for a in acks),
+        )
+    batch.acknowledged.clear()
 
 
 def complete(batch: Batch, rt: JobRuntime, cp: CompletedCheckpoint, savepoint_dir: str) -> None:
