@@ -8,6 +8,8 @@ down, and the restarted server completes the checkpoint and tells the job.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 from sparkpoint.transport import CommandChannel, RedisEventSink, Streams, redis_client
 
-from .control_plane import REDIS_URL, ServerProcess, wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess, wait_for
 
 VERTICES = [
     p.VertexModel(id="source", name="source", parallelism=2, operators=["source"]),
@@ -145,3 +147,35 @@ def test_server_killed_mid_checkpoint_completes_it_after_restart(
         assert nxt.checkpoint_id == cid + 1
         job_view = api.get(f"/jobs/{job}").json()
         assert (job_view["state"], job_view["attempt"]) == ("RUNNING", 1)
+
+
+def test_a_job_the_control_plane_refuses_fails_at_once_with_the_reason(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-checkpoint"
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("sparkpoint")),
+            "run",
+            "jobs/examples/pv_count.py",
+            "--redis-url",
+            REDIS_URL,
+            "--stream-prefix",
+            server.prefix,
+            "--from-checkpoint",
+            f"file://{missing}",
+            "--events",
+            "100",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=server.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "refused" in done.stderr and str(missing) in done.stderr
+    assert "SparkContext" not in done.stderr  # it failed before Spark started

@@ -137,11 +137,14 @@ class EventApplier:
             d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
             d.start_attempt(batch, rt, rt.coordinator.failover(cause), request_id=None)
             return
-        # Step 3
+        # Step 3: a configuration the control plane cannot run is refused, and the job told
+        # why (it would otherwise wait for a start that never comes).
         try:
             self._new_job(batch, env, ev)
-        except ConfigurationError as err:
-            raise RejectedEventError(f"job {env.job_id} cannot be registered: {err}") from err
+        except (ConfigurationError, CheckpointError) as err:
+            cause = f"the control plane refused job {env.job_id}: {err}"
+            log.warning("%s", cause)
+            batch.command(env.job_id, 0, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
 
     def _new_job(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
         graph = {

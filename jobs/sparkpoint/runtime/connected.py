@@ -152,6 +152,8 @@ class ControlPlaneAuthority(Authority):
                         "and stream prefix? (--control-plane-timeout sets the wait)"
                     )
                 self._obey(channel.read(block_ms=max(1, int(min(left, FIRST_ANSWER_POLL_MS)))))
+            if self._end is not None and not self._started:
+                self._finish()  # refused (FAILED: raises, before Spark starts) or cancelled
         except SparkpointError as err:
             self._report_failed(err)
             raise

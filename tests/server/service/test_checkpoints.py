@@ -156,3 +156,14 @@ def test_the_interval_counts_from_running_not_from_registration(harness: Harness
     assert harness.commands() == []
     harness.tick(1)
     assert harness.command_types() == ["trigger_checkpoint"]
+
+
+def test_a_job_whose_configuration_cannot_run_is_refused_and_told_why(harness: Harness) -> None:
+    harness.register(restart_strategy={"restart-strategy.type": "sometimes"})
+    [(env, cancel)] = harness.commands()
+    assert isinstance(cancel, p.CancelJob) and cancel.status is p.JobStatus.FAILED
+    assert "sometimes" in (cancel.cause or "") and env.attempt == 0
+    with harness.sessions() as s:
+        assert s.get(Job, harness.job_id) is None
+    harness.register(restart_strategy={"restart-strategy.type": "none"})  # fixed: accepted
+    assert harness.command_types() == ["restore"]
