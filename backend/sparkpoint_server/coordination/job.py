@@ -113,6 +113,7 @@ class JobRuntime:
     restore_request: tuple[int, str] | None = None  # (attempt it starts, request id)
     restore_pin: int | None = None  # the checkpoint a pending restore needs
     cancel_request: str | None = None
+    start_command: Any = None  # the last ``restore`` sent: a duplicate registration gets it again
     uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
 
     @property

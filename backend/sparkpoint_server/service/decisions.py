@@ -402,9 +402,8 @@ def start_attempt(
         restart_checkpoint_id=cp.checkpoint_id if cp else None,
         updated_at=batch.now,
     )
-    batch.command(
-        rt.job_id, decision.attempt, restore_command(rt, cp, decision.attempt, request_id)
-    )
+    rt.start_command = restore_command(rt, cp, decision.attempt, request_id)
+    batch.command(rt.job_id, decision.attempt, rt.start_command)
 
 
 def restore_command(

@@ -117,8 +117,11 @@ class EventApplier:
                 self.jobs[rt.job_id] = rt
         # Step 1
         if rt is not None and rt.incarnation == ev.incarnation and ev.incarnation is not None:
-            cp = rt.coordinator.store.latest() if rt.restore_pin is not None else None
-            batch.command(rt.job_id, rt.attempt, d.restore_command(rt, cp, rt.attempt, None))
+            start = rt.start_command  # lost with a control-plane restart: rebuilt below
+            if start is None or start.new_attempt != rt.attempt:
+                cp = rt.coordinator.store.get(rt.restore_pin) if rt.restore_pin else None
+                start = d.restore_command(rt, cp, rt.attempt, None)
+            batch.command(rt.job_id, rt.attempt, start)
             return
         # Step 2
         if rt is not None:
@@ -200,6 +203,7 @@ class EventApplier:
             external_path=point.external_path if point else None,
             savepoint_path=point.external_path if point else None,
         )
+        rt.start_command = restore
         batch.command(rt.job_id, 1, restore)
 
     # ------------------------------------------------------------------ status, failures
@@ -209,6 +213,9 @@ class EventApplier:
     ) -> None:
         if ev.status is p.JobStatus.RUNNING and rt.restart_due_at is not None:
             return  # a restart is decided; the job runs until it gets the restore
+        if ev.status is p.JobStatus.FAILED and rt.status is not p.JobStatus.FAILING:
+            # The job gave up on its own (Flink: RUNNING -> FAILING -> FAILED).
+            d.set_status(batch, rt, p.JobStatus.FAILING, ev.cause)
         changed = d.set_status(batch, rt, ev.status, ev.cause)
         if changed and ev.status is p.JobStatus.CANCELED and rt.cancel_request is not None:
             batch.writer.operation(rt.cancel_request, status=d.OK, updated_at=batch.now)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from service_harness import Harness
 from sqlalchemy import select
@@ -167,3 +168,30 @@ def test_a_job_whose_configuration_cannot_run_is_refused_and_told_why(harness: H
         assert s.get(Job, harness.job_id) is None
     harness.register(restart_strategy={"restart-strategy.type": "none"})  # fixed: accepted
     assert harness.command_types() == ["restore"]
+
+
+def test_a_duplicate_registration_gets_the_same_start_again(
+    harness: Harness, tmp_path: Path
+) -> None:
+    harness.start()
+    cid = harness.trigger_periodic()
+    harness.ack_all(1, cid)
+    path = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    other = Harness(tmp_path / "other", harness.sessions, harness.client, harness.streams)
+    other.register(incarnation="driver-9", from_checkpoint=f"file://{path}")
+    [first] = [c for _, c in other.commands() if isinstance(c, p.RestoreJob)]
+    assert first.checkpoint_id == cid and first.external_path is not None
+    other.register(incarnation="driver-9")  # redelivered: the same start, from the checkpoint
+    [again] = [c for _, c in other.commands() if isinstance(c, p.RestoreJob)]
+    assert again == first
+
+
+def test_a_job_that_gives_up_by_itself_ends_failed(harness: Harness) -> None:
+    harness.start()
+    harness.trigger_periodic()
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.FAILED, cause="Redis unreachable"))
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and job.status == "FAILED"
+        row = s.get(Checkpoint, (harness.job_id, 1))
+        assert row is not None and row.status == "FAILED"  # nothing pending survives the job
