@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +21,12 @@ import pytest
 
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.testing import line_counts
-from sparkpoint.transport import redis_client
 
 from .control_plane import REDIS_URL, ROOT, ServerProcess, wait_for
 
 pytestmark = pytest.mark.spark
 
 EVENTS, APPS, RATE = 24_000, 5, 1_500  # about 16 s of input
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path / "data")
-    srv.data_dir.mkdir()
-    srv.start()
-    yield srv
-    srv.stop()
-    client = redis_client(REDIS_URL)
-    for key in client.scan_iter(f"{srv.prefix}:*"):
-        client.delete(key)
 
 
 def _counts_at(positions: dict[str, int]) -> Counter[str]:

@@ -11,11 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
@@ -27,18 +24,6 @@ VERTICES = [
     p.VertexModel(id="source", name="source", parallelism=2, operators=["source"]),
     p.VertexModel(id="pv", name="pv -> sink", parallelism=2, operators=["pv", "sink"]),
 ]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path / "data")
-    srv.data_dir.mkdir()
-    srv.start()
-    yield srv
-    srv.stop()
-    client = redis_client(REDIS_URL)
-    for key in client.scan_iter(f"{srv.prefix}:*"):
-        client.delete(key)
 
 
 class Inbox:
