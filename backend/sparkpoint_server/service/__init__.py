@@ -1,0 +1,1 @@
+"""The authority for connected jobs: events, timer ticks and requests as units of work."""
