@@ -58,6 +58,17 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 def alembic_config(url: str) -> Config:
+    """Alembic's configuration for ``url``, with the repository's ``migrations/``.
+
+    Raises:
+        FileNotFoundError: Sparkpoint was installed without its source tree (the migrations
+            live beside ``backend/``; install it with ``pip install -e``).
+    """
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        raise FileNotFoundError(
+            f"the control plane's migrations are not at {MIGRATIONS_DIR}: install Sparkpoint "
+            "from its source tree (pip install -e .)"
+        )
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
