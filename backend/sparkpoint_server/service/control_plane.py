@@ -133,7 +133,8 @@ class ControlPlane:
 
     def recover(self) -> None:
         """Rebuild every unfinished job from the database; re-send what a crash may have lost:
-        the completions whose sinks have not committed, and a job's start command."""
+        the triggers of pending checkpoints and the completions whose sinks have not committed
+        (the job ignores what it already has)."""
         with self._lock, self.sessions() as session:
             self.jobs.clear()
             for rt in load_active_jobs(session, self.clock, self.checkpoint_dir):
@@ -141,6 +142,11 @@ class ControlPlane:
         commands = []
         now = self.clock.now_ms()
         for rt in self.jobs.values():
+            # A trigger may have been lost between the commit and the send: the job ignores
+            # one it already has (by id), so pending checkpoints are triggered again.
+            for pc in sorted(rt.coordinator.pending.values(), key=lambda c: c.checkpoint_id):
+                stop = pc.checkpoint_id == rt.stop_checkpoint
+                commands.append(p.envelope(rt.job_id, pc.attempt, now, d.trigger_command(pc, stop)))
             for cid in sorted(rt.uncommitted):
                 cp = rt.coordinator.store.get(cid)
                 if cp is not None:

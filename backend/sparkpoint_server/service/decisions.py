@@ -97,41 +97,30 @@ def trigger(
         batch.writer.operation(request_id, checkpoint_id=cid, updated_at=batch.now)
     if stop:
         rt.stop_checkpoint = cid
-        batch.command(
-            rt.job_id,
-            rt.attempt,
-            p.StopWithSavepoint(
-                checkpoint_id=cid,
-                trigger_timestamp=pending.trigger_timestamp,
-                target_directory=target_directory,
-            ),
-        )
-    else:
-        batch.command(
-            rt.job_id,
-            rt.attempt,
-            p.TriggerCheckpoint(
-                checkpoint_id=cid,
-                kind=kind,
-                trigger_timestamp=pending.trigger_timestamp,
-                target_directory=target_directory,
-                is_final=is_final,
-            ),
-        )
+    batch.command(rt.job_id, rt.attempt, trigger_command(pending, stop))
     return pending
 
 
 def resend_trigger(batch: Batch, rt: JobRuntime, pending: PendingCheckpoint) -> None:
-    batch.command(
-        rt.job_id,
-        rt.attempt,
-        p.TriggerCheckpoint(
+    batch.command(rt.job_id, rt.attempt, trigger_command(pending))
+
+
+def trigger_command(
+    pending: PendingCheckpoint, stop: bool = False
+) -> p.TriggerCheckpoint | p.StopWithSavepoint:
+    """The command that triggers a pending checkpoint (again)."""
+    if stop:
+        return p.StopWithSavepoint(
             checkpoint_id=pending.checkpoint_id,
-            kind=pending.kind,
             trigger_timestamp=pending.trigger_timestamp,
             target_directory=pending.target_directory,
-            is_final=pending.is_final,
-        ),
+        )
+    return p.TriggerCheckpoint(
+        checkpoint_id=pending.checkpoint_id,
+        kind=pending.kind,
+        trigger_timestamp=pending.trigger_timestamp,
+        target_directory=pending.target_directory,
+        is_final=pending.is_final,
     )
 
 

@@ -23,6 +23,9 @@ def test_a_pending_checkpoint_completes_after_a_restart(harness: Harness) -> Non
     acks = [harness.ack(1, cid, op, i) for op in ("source", "pv") for i in range(2)]
     harness.send(1, *acks[:3])
     harness.new_control_plane()  # the old one is gone with everything in its memory
+    # Its trigger is sent again, in case the crash came between the commit and the send.
+    [again] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
+    assert again.checkpoint_id == cid
     harness.send(1, acks[0])  # redelivered after the restart: still a duplicate
     assert _status(harness, cid) == "IN_PROGRESS"
     harness.send(1, acks[3])
