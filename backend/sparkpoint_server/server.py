@@ -44,14 +44,20 @@ def serve(host: str, port: int) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings, _generated = ensure_token(load_settings())
+        given = load_settings()
+        settings, _generated = ensure_token(given)
     except SettingsError as err:
         print(f"sparkpoint server: {err}", file=sys.stderr)
         return 2
+    token = (
+        "from SPARKPOINT_API_TOKEN"  # the operator's own secret is not echoed into logs
+        if given.api_token
+        else f"{settings.api_token} (kept in {settings.data_dir / TOKEN_FILE})"
+    )
     print(
         f"sparkpoint server: REST API on http://{host}:{port} (OpenAPI at /docs); "
         f"data in {settings.data_dir.resolve()}\n"
-        f"sparkpoint server: API token (Authorization: Bearer ...): {settings.api_token}",
+        f"sparkpoint server: API token (Authorization: Bearer ...): {token}",
         flush=True,
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")

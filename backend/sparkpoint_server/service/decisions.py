@@ -37,6 +37,14 @@ def set_status(batch: Batch, rt: JobRuntime, status: p.JobStatus, cause: str | N
     if status == rt.status or not rt.can_become(status):
         return False
     previous, rt.status = rt.status, status
+    log.info(
+        "job %s attempt %d: %s -> %s%s",
+        rt.job_id,
+        rt.attempt,
+        previous.value,
+        status.value,
+        f" ({cause})" if cause else "",
+    )
     fields: dict[str, Any] = {"status": status.value, "updated_at": batch.now}
     if status in (p.JobStatus.FINISHED, p.JobStatus.CANCELED, p.JobStatus.FAILED):
         fields["end_time"] = batch.now
@@ -268,6 +276,7 @@ def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted) -> None:
 def handle_failed(batch: Batch, rt: JobRuntime, failed: list[FailedCheckpoint]) -> None:
     """Failed checkpoints: their rows, their requests, an abort to the job, their state gone."""
     for f in failed:
+        log.warning("checkpoint failed (%s): %s", f.reason.value, f.message)
         batch.writer.checkpoint(
             rt.job_id,
             f.checkpoint_id,
@@ -327,6 +336,7 @@ def job_failed(
         else f"no restart: {decision.message}"
     )
     # Step 1
+    log.warning("job %s attempt %d failed: %s; %s", rt.job_id, rt.attempt, cause, action)
     batch.writer.exception(
         key,
         job_id=rt.job_id,
@@ -368,6 +378,12 @@ def start_attempt(
     batch: Batch, rt: JobRuntime, decision: FailoverDecision, request_id: str | None
 ) -> None:
     """Record a new attempt and send the job the checkpoint it starts from."""
+    cp_name = (
+        f"checkpoint {decision.restore_from.checkpoint_id}"
+        if decision.restore_from is not None
+        else "the beginning"
+    )
+    log.info("job %s: attempt %d starts from %s", rt.job_id, decision.attempt, cp_name)
     handle_failed(batch, rt, decision.aborted)
     rt.final_requested = False
     rt.stop_checkpoint = None
