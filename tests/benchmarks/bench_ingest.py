@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -219,10 +222,26 @@ def run_once(
     }
 
 
+def measure_in_process(args: argparse.Namespace) -> int:
+    """``--one``: one measurement in this (fresh) process; prints its result as JSON."""
+    # As the server does at start (sparkpoint_server.app): a long-lived process keeps its
+    # start-up objects out of the cyclic GC and collects less often.
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-ingest-") as base:
+        url = args.database or f"sqlite:///{base}/ingest.db"
+        result = run_once(
+            url, args.redis_url, args.jobs, args.checkpoints, args.batch, base, args.parallelism
+        )
+    print(json.dumps(result))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--checkpoints", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )
@@ -230,64 +249,87 @@ def main() -> int:
         "--postgres",
         default=os.environ.get("DATABASE_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     )
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--database", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=1000, help=argparse.SUPPRESS)
+    parser.add_argument("--parallelism", type=int, default=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    # As the server does at start (sparkpoint_server.app): a long-lived process keeps its
-    # startup objects out of the cyclic GC and collects less often.
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    results: dict[str, dict[str, float]] = {}
-    mixes = ((4, args.checkpoints), (16, max(1, args.checkpoints // 8)))
-    with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-ingest-") as base:
-        pg_admin = normalize_database_url(args.postgres)
-        pg_name = f"sparkpoint_bench_{uuid.uuid4().hex[:8]}"
-        admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{pg_name}"'))
-        try:
-            for parallelism, checkpoints in mixes:
-                for batch in (100, 1000):
-                    for db in ("sqlite", "postgresql"):
-                        url = (
-                            f"sqlite:///{base}/ingest-{parallelism}-{batch}.db"
-                            if db == "sqlite"
-                            else pg_admin.rsplit("/", 1)[0] + f"/{pg_name}"
-                        )
-                        label = f"{parallelism}+{parallelism} | {db} | {batch}"
-                        results[label] = run_once(
-                            url,
-                            args.redis_url,
-                            args.jobs,
-                            checkpoints,
-                            batch,
-                            os.path.join(base, f"{db}-{parallelism}-{batch}"),
-                            parallelism,
-                        )
-                        rate = results[label]["events_per_s"]
-                        print(f"{label}: {rate:,.0f} events/s", flush=True)
-        finally:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'))
+    if args.one:
+        return measure_in_process(args)
+    # Each measurement runs in a fresh process, as a control plane does, repeated; the table
+    # gives the median and the range.
+    runs: dict[str, list[dict[str, float]]] = {}
+    pg_admin = normalize_database_url(args.postgres)
+    admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT")
+    for repeat in range(args.repeats):
+        for parallelism, checkpoints in (
+            (4, args.checkpoints),
+            (16, max(1, args.checkpoints // 8)),
+        ):
+            for batch in (100, 1000):
+                for db in ("sqlite", "postgresql"):
+                    label = f"{parallelism}+{parallelism} | {db} | {batch}"
+                    command = [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        "--jobs",
+                        str(args.jobs),
+                        "--checkpoints",
+                        str(checkpoints),
+                        "--batch",
+                        str(batch),
+                        "--parallelism",
+                        str(parallelism),
+                        "--redis-url",
+                        args.redis_url,
+                    ]
+                    pg_name = f"sparkpoint_bench_{uuid.uuid4().hex[:8]}"
+                    if db == "postgresql":
+                        with admin.connect() as conn:
+                            conn.execute(text(f'CREATE DATABASE "{pg_name}"'))
+                        command += ["--database", pg_admin.rsplit("/", 1)[0] + f"/{pg_name}"]
+                    try:
+                        out = subprocess.run(
+                            command, capture_output=True, text=True, check=True, timeout=600
+                        ).stdout
+                    finally:
+                        if db == "postgresql":
+                            with admin.connect() as conn:
+                                conn.execute(
+                                    text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+                                )
+                    result = json.loads(out.strip().splitlines()[-1])
+                    runs.setdefault(label, []).append(result)
+                    print(
+                        f"run {repeat + 1}: {label}: {result['events_per_s']:,.0f} events/s",
+                        flush=True,
+                    )
+    admin.dispose()
     rows = [
-        "| parallelism | database | XREADGROUP batch | events | completions | seconds | events/s |",
-        "|---|---|---:|---:|---:|---:|---:|",
-        *(
-            f"| {k} | {v['events']:,.0f} | {v['completions']:,.0f} | {v['seconds']:.2f} "
-            f"| {v['events_per_s']:,.0f} |"
-            for k, v in results.items()
-        ),
+        "| parallelism | database | XREADGROUP batch | events | completions | median events/s "
+        "| runs (events/s) |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
+    for label, results in runs.items():
+        rates = sorted(r["events_per_s"] for r in results)
+        rows.append(
+            f"| {label} | {results[0]['events']:,.0f} | {results[0]['completions']:,.0f} "
+            f"| {statistics.median(rates):,.0f} | {', '.join(f'{x:,.0f}' for x in rates)} |"
+        )
     table = "\n".join(
         [
             f"Control-plane ingest from Redis into the database, {args.jobs} jobs; per job and "
             "checkpoint: n barriers injected, n x n received, n alignments, 2n "
             "acknowledgements, n sink commits, one heartbeat (37 events for n = 4, 337 for "
             "n = 16); every checkpoint completes (`_metadata` written, rows, notification, "
-            "retention deletes the subsumed one's files).",
+            "retention deletes the subsumed one's files). Each run in a fresh process "
+            f"(GC as the server sets it), {args.repeats} runs each, interleaved.",
             "",
             *rows,
         ]
     )
-    write_results("ingest", table, {"args": vars(args), "results": results})
+    write_results("ingest", table, {"args": vars(args), "runs": runs})
     return 0
 
 
