@@ -58,6 +58,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, use_enum_values=False)
 
 
+def spark_job_group(job_name: str, attempt: int, epoch: int) -> str:
+    """The Spark job group that runs epoch ``epoch`` of job attempt ``attempt``: the name the
+    driver gives Spark and the one the control plane shows beside a checkpoint's epoch."""
+    return f"sparkpoint-{job_name}-a{attempt}-e{epoch}"
+
+
 # ----------------------------------------------------------------------------- shared parts
 
 
@@ -102,10 +108,16 @@ class JobRegistered(_Model):
 
 
 class JobStatusChanged(_Model):
+    """A job status transition. RUNNING also says which Spark application runs the job's
+    epochs (a restarted driver is a new application); the UI address is None when the Spark
+    UI is off (``spark.ui.enabled=false``)."""
+
     type: Literal["job_status"] = "job_status"
     status: JobStatus
     previous: JobStatus | None = None
     cause: str | None = None
+    spark_ui_url: str | None = None
+    spark_application_id: str | None = None
 
 
 class CheckpointTriggered(_Model):

@@ -1,10 +1,12 @@
 """The whole product: ``sparkpoint server`` + the real Redis + the PV job on local Spark.
 
-Checkpoints complete and show up in the REST API with per-subtask details; a savepoint
-completes at a location that exists; a restore to an earlier checkpoint completes and the job
-continues to the end; the committed output is exactly what that restore implies: every line of
-a failure-free run once, plus, per app, the counts between the restored checkpoint and the
-last checkpoint committed before the restore a second time (sinks cannot un-commit).
+Checkpoints complete and show up in the REST API with per-subtask details and the Spark job
+group of the epoch that carried each barrier, in the Spark application that the driver
+reported; a savepoint completes at a location that exists; a restore to an earlier checkpoint
+completes and the job continues to the end; the committed output is exactly what that restore
+implies: every line of a failure-free run once, plus, per app, the counts between the restored
+checkpoint and the last checkpoint committed before the restore a second time (sinks cannot
+un-commit).
 """
 
 from __future__ import annotations
@@ -105,9 +107,25 @@ def test_pv_job_checkpoints_savepoint_and_restore_through_the_control_plane(
                 "two completed checkpoints", lambda: len(completed()) >= 2 and completed()
             )
             restore_to = min(h["id"] for h in first)
+            # ... each naming the epoch that carried its barrier and that epoch's Spark job
+            # group, in the Spark application that the running driver reported.
+            running = api.get(f"/jobs/{job_id}").json()
+            spark = running["spark"]
+            assert spark["application-id"]
+            assert spark["ui-url"] and spark["ui-url"].startswith("http://")
+            for h in first:
+                assert isinstance(h["epoch"], int)
+                assert h["spark-job-group"] == (
+                    f"sparkpoint-{running['name']}-a{h['attempt']}-e{h['epoch']}"
+                )
             details = api.get(f"/jobs/{job_id}/checkpoints/details/{restore_to}").json()
             assert details["status"] == "COMPLETED"
             assert details["num_acknowledged_subtasks"] == details["num_subtasks"] == 4
+            earliest = next(h for h in first if h["id"] == restore_to)
+            assert (details["epoch"], details["spark-job-group"]) == (
+                earliest["epoch"],
+                earliest["spark-job-group"],
+            )
             for operator_id in details["tasks"]:
                 sub = api.get(
                     f"/jobs/{job_id}/checkpoints/details/{restore_to}/subtasks/{operator_id}"
@@ -152,6 +170,7 @@ def test_pv_job_checkpoints_savepoint_and_restore_through_the_control_plane(
             assert job.wait(timeout=240) == 0, job.stdout.read() if job.stdout else ""
             final = api.get(f"/jobs/{job_id}").json()
             assert (final["state"], final["attempt"]) == ("FINISHED", 2)
+            assert final["spark"] == spark  # the same driver: the same Spark application
             history = api.get(f"/jobs/{job_id}/checkpoints?limit=1000").json()["history"]
             assert any(h["attempt"] == 2 and h["status"] == "COMPLETED" for h in history)
     finally:

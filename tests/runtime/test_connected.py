@@ -117,7 +117,7 @@ def test_a_connected_job_commits_the_output_of_a_standalone_run(
     spark: Any, tmp_path: Path, client: redis.Redis, streams: Streams
 ) -> None:
     events = 6_000
-    _, standalone_out = run_pv(spark, tmp_path, "standalone", events=events)
+    standalone, standalone_out = run_pv(spark, tmp_path, "standalone", events=events)
     out = tmp_path / "out"
     options = connected_options(tmp_path, "connected", streams)
     with ScriptedControlPlane(client, streams) as cp:
@@ -144,6 +144,28 @@ def test_a_connected_job_commits_the_output_of_a_standalone_run(
     decisions = {"checkpoint_triggered", "checkpoint_completed", "checkpoint_aborted"}
     assert not job_types(cp) & decisions
     assert {e.attempt for e, _ in cp.received[1:]} == {1}
+    # RUNNING names the session's Spark application, and each checkpoint's barrier epoch ran
+    # as the Spark job group that the control plane shows beside the checkpoint.
+    assert standalone.events is not None
+    running = [
+        ev
+        for ev in (
+            *standalone.events.of_type(p.JobStatusChanged),
+            *(e for _, e in cp.of_type(p.JobStatusChanged)),
+        )
+        if isinstance(ev, p.JobStatusChanged) and ev.status is p.JobStatus.RUNNING
+    ]
+    sc = spark.sparkContext
+    assert [(ev.spark_application_id, ev.spark_ui_url) for ev in running] == [
+        (sc.applicationId, sc.uiWebUrl)
+    ] * 2
+    carried = {
+        ev.checkpoint_id: (env.attempt, ev.epoch) for env, ev in cp.of_type(p.BarrierInjected)
+    }
+    assert set(cp.completed) <= set(carried)
+    tracker = sc.statusTracker()
+    for attempt, epoch in carried.values():
+        assert tracker.getJobIdsForGroup(p.spark_job_group("pv-count", attempt, epoch))
 
 
 def test_a_failure_is_restored_by_the_control_plane_and_stale_commands_are_ignored(

@@ -92,3 +92,32 @@ def test_messages_above_the_size_limit_are_refused() -> None:
 def test_every_payload_type_is_registered_once() -> None:
     names = [cls.model_fields["type"].default for cls in p.PAYLOAD_TYPES.values()]
     assert len(names) == len(set(names)) == 23
+
+
+def test_job_status_names_the_spark_application_and_older_events_stay_valid() -> None:
+    running = p.JobStatusChanged(
+        status=p.JobStatus.RUNNING,
+        previous=p.JobStatus.CREATED,
+        spark_ui_url="http://driver-1:4040",
+        spark_application_id="app-20231114221320-0007",
+    )
+    _, decoded = p.decode(p.encode(p.envelope("job-1", 1, 5, running)))
+    assert decoded == running
+    older = {  # a driver from before the Spark application was reported
+        "type": "job_status",
+        "job_id": "job-1",
+        "attempt": 1,
+        "timestamp": 5,
+        "payload": {"status": "RUNNING", "previous": "CREATED", "cause": None},
+    }
+    _, decoded = p.decode(older)
+    assert isinstance(decoded, p.JobStatusChanged)
+    assert (decoded.status, decoded.spark_ui_url, decoded.spark_application_id) == (
+        p.JobStatus.RUNNING,
+        None,
+        None,
+    )
+
+
+def test_the_spark_job_group_names_the_job_its_attempt_and_the_epoch() -> None:
+    assert p.spark_job_group("pv-count", 2, 17) == "sparkpoint-pv-count-a2-e17"

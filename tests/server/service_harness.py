@@ -114,8 +114,24 @@ class Harness:
             ),
         )
 
-    def running(self, attempt: int) -> None:
-        self.send(attempt, p.JobStatusChanged(status=p.JobStatus.RUNNING))
+    def running(self, attempt: int, **spark: str | None) -> None:
+        """RUNNING under ``attempt``; ``spark``: ``spark_application_id``, ``spark_ui_url``."""
+        self.send(attempt, p.JobStatusChanged(status=p.JobStatus.RUNNING, **spark))
+
+    def barriers(self, checkpoint_id: int, epoch: int) -> list[p.BarrierInjected]:
+        """Every source subtask's ``barrier_injected`` of a checkpoint carried by ``epoch``."""
+        return [
+            p.BarrierInjected(
+                checkpoint_id=checkpoint_id,
+                operator_id="source",
+                subtask=i,
+                epoch=epoch,
+                split_id=f"split-{i}",
+                offset=checkpoint_id * 100,
+                timestamp=self.clock.now_ms(),
+            )
+            for i in range(TASKS["source"])
+        ]
 
     def ack(
         self,

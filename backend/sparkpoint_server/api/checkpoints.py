@@ -36,7 +36,9 @@ RequestId = Annotated[str, Path(description="The id a trigger answered.", max_le
     description="Flink's checkpointing statistics: `counts` (`restored` = restarts plus "
     "completed restore requests), `summary` (min/max/avg/p50/p90/p95/p99/p999 over completed "
     "checkpoints), `latest` (`completed`, `savepoint`, `failed`, `restored`) and `history` "
-    "(newest first, `limit` entries; default: the server's `default_history`).",
+    "(newest first, `limit` entries; default: the server's `default_history`). Each "
+    "checkpoint entry also has the `epoch` that carried its barrier and that epoch's "
+    "`spark-job-group` in the Spark UI (both null until a source injected the barrier).",
     response_model=None,
 )
 def get_checkpoints(
@@ -110,8 +112,9 @@ def patch_checkpoint_config(
 @router.get(
     "/jobs/{job_id}/checkpoints/details/{checkpoint_id}",
     summary="One checkpoint",
-    description="The checkpoint's history entry plus `tasks`: per operator, its status, "
-    "acknowledged subtasks, sizes, slowest end-to-end duration and buffered bytes.",
+    description="The checkpoint's history entry (with its `epoch` and `spark-job-group`) "
+    "plus `tasks`: per operator, its status, acknowledged subtasks, sizes, slowest "
+    "end-to-end duration and buffered bytes.",
     response_model=None,
 )
 def get_checkpoint_details(

@@ -41,7 +41,9 @@ def list_jobs(sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
     "/jobs/{job_id}",
     summary="Job details",
     description="Flink's job detail (`jid`, `state`, `vertices`, `timestamps`...) plus the "
-    "status history, the latest heartbeat's throughput and the registered configuration.",
+    "status history, the latest heartbeat's throughput, the registered configuration and "
+    "`spark`: the `ui-url` and `application-id` of the current driver's Spark application "
+    "(null until the driver reports RUNNING; `ui-url` also when the Spark UI is off).",
     response_model=None,
 )
 def job_details(job_id: JobId, sessions: SessionsDep, clock: ClockDep) -> JSONResponse:

@@ -126,7 +126,13 @@ class EventApplier:
         # Step 2
         if rt is not None:
             rt.incarnation = ev.incarnation
-            batch.writer.job(rt.job_id, incarnation=ev.incarnation, updated_at=batch.now)
+            batch.writer.job(
+                rt.job_id,
+                incarnation=ev.incarnation,
+                updated_at=batch.now,
+                spark_application_id=None,  # the new driver names its own once RUNNING
+                spark_ui_url=None,
+            )
             cause = "the job's driver process registered again (it was restarted)"
             batch.writer.exception(
                 f"{rt.job_id}:driver:{ev.incarnation}",
@@ -211,6 +217,12 @@ class EventApplier:
     def _status(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.JobStatusChanged
     ) -> None:
+        if ev.spark_application_id is not None:  # the driver's Spark application (RUNNING)
+            batch.writer.job(
+                rt.job_id,
+                spark_application_id=ev.spark_application_id,
+                spark_ui_url=ev.spark_ui_url,
+            )
         if ev.status is p.JobStatus.RUNNING and rt.restart_due_at is not None:
             return  # a restart is decided; the job runs until it gets the restore
         if ev.status is p.JobStatus.FAILED and rt.status is not p.JobStatus.FAILING:
@@ -269,6 +281,7 @@ class EventApplier:
         if self._known(rt, ev.checkpoint_id):
             key = (rt.job_id, ev.checkpoint_id, ev.operator_id, ev.subtask)
             batch.writer.subtask(key, attempt=env.attempt, barrier_timestamp=ev.timestamp)
+            batch.writer.checkpoint(rt.job_id, ev.checkpoint_id, epoch=ev.epoch)
 
     def _barrier_received(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.BarrierReceived

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
+from sparkpoint.protocol import spark_job_group
 from sparkpoint_server.errors import CheckpointNotFoundError, JobNotFoundError
 from sparkpoint_server.storage.checkpoint_summary import CheckpointSummaries, min_max_avg
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
@@ -50,6 +51,7 @@ _ENTRY_COLUMNS = (
     C.failure_message,
     C.failure_reason,
     C.discarded,
+    C.epoch,
 )
 
 
@@ -63,7 +65,12 @@ def _of_job(column: Any, status: str | None = None) -> Any:
 
 # Built once: only the parameters change from one request to the next.
 _JOB_STATEMENT = select(
-    J.restarts, J.restored_checkpoint_id, J.restored_at, J.restored_is_savepoint, J.restored_path
+    J.name,
+    J.restarts,
+    J.restored_checkpoint_id,
+    J.restored_at,
+    J.restored_is_savepoint,
+    J.restored_path,
 ).where(J.job_id == bindparam("job_id"))
 _COUNTS_STATEMENT = select(
     _of_job(func.count(), COMPLETED).label("completed"),
@@ -128,11 +135,15 @@ def checkpoint_statistics(
     if missing:
         rows = session.execute(_ENTRIES_STATEMENT, {**params, "ids": sorted(missing)}).all()
         by_id.update((row[0], row) for row in rows)
+
+    def entry_of(checkpoint_id: int | None) -> dict[str, Any] | None:
+        return None if checkpoint_id is None else _entry(by_id[checkpoint_id], job.name)
+
     failed = None
     if latest_failed is not None:
         row = by_id[latest_failed]
         failed = {
-            **_entry(row),
+            **_entry(row, job.name),
             "failure_timestamp": row.completion_timestamp,
             "failure_message": row.failure_message,
         }
@@ -154,17 +165,19 @@ def checkpoint_statistics(
         },
         "summary": completed.summary,
         "latest": {
-            "completed": None if latest_completed is None else _entry(by_id[latest_completed]),
-            "savepoint": None if latest_savepoint is None else _entry(by_id[latest_savepoint]),
+            "completed": entry_of(latest_completed),
+            "savepoint": entry_of(latest_savepoint),
             "failed": failed,
             "restored": restored,
         },
-        "history": [_entry(row) for row in history_rows],
+        "history": [_entry(row, job.name) for row in history_rows],
     }
 
 
-def _entry(row: AnyRow) -> dict[str, Any]:
-    """One history entry (Flink's ``CheckpointStatistics``) from a row of ``_ENTRY_COLUMNS``."""
+def _entry(row: AnyRow, job_name: str) -> dict[str, Any]:
+    """One history entry (Flink's ``CheckpointStatistics``) from a row of ``_ENTRY_COLUMNS``,
+    plus Sparkpoint's ``epoch`` that carried the barrier and its ``spark-job-group`` (both
+    None until a source injected the barrier)."""
     (
         checkpoint_id,
         status,
@@ -184,6 +197,7 @@ def _entry(row: AnyRow) -> dict[str, Any]:
         failure_message,
         failure_reason,
         discarded,
+        epoch,
     ) = row
     is_savepoint = kind == "savepoint"
     return {
@@ -205,6 +219,8 @@ def _entry(row: AnyRow) -> dict[str, Any]:
         "failure_message": failure_message,
         "failure_reason": failure_reason,
         "discarded": bool(discarded),
+        "epoch": epoch,
+        "spark-job-group": None if epoch is None else spark_job_group(job_name, attempt, epoch),
     }
 
 
@@ -218,7 +234,7 @@ def checkpoint_details(session: Session, job_id: str, checkpoint_id: int) -> dic
         JobNotFoundError: the job is unknown.
         CheckpointNotFoundError: the job has no such checkpoint.
     """
-    vertices, row = _job_vertices_and_checkpoint(session, job_id, checkpoint_id)
+    job_name, vertices, row = _job_vertices_and_checkpoint(session, job_id, checkpoint_id)
     aggregates = {
         agg.operator_id: _TaskAggregate(
             acknowledged=agg.acknowledged,
@@ -251,7 +267,7 @@ def checkpoint_details(session: Session, job_id: str, checkpoint_id: int) -> dic
         operator_id: _task_entry(vertex, row.status, aggregates.get(operator_id))
         for operator_id, vertex in operators.items()
     }
-    return {**_entry(row), "tasks": tasks}
+    return {**_entry(row, job_name), "tasks": tasks}
 
 
 def subtask_details(
@@ -267,7 +283,7 @@ def subtask_details(
         CheckpointNotFoundError: the job has no such checkpoint, or the operator is unknown
             (the message lists the job's operators).
     """
-    vertices, checkpoint = _job_vertices_and_checkpoint(session, job_id, checkpoint_id)
+    _, vertices, checkpoint = _job_vertices_and_checkpoint(session, job_id, checkpoint_id)
     rows = session.execute(
         select(
             S.subtask,
@@ -350,16 +366,17 @@ class _TaskAggregate:
 
 def _job_vertices_and_checkpoint(
     session: Session, job_id: str, checkpoint_id: int
-) -> tuple[list[dict[str, Any]], AnyRow]:
-    graph = session.execute(select(J.graph).where(J.job_id == job_id)).scalar_one_or_none()
-    if graph is None:
+) -> tuple[str, list[dict[str, Any]], AnyRow]:
+    """The job's name and vertices and the checkpoint's entry row."""
+    job = session.execute(select(J.name, J.graph).where(J.job_id == job_id)).first()
+    if job is None:
         raise JobNotFoundError(job_id)
     row = session.execute(
         select(*_ENTRY_COLUMNS).where(C.job_id == job_id, C.checkpoint_id == checkpoint_id)
     ).first()
     if row is None:
         raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of job {job_id} not found")
-    return list(graph.get("vertices") or []), row
+    return job.name, list((job.graph or {}).get("vertices") or []), row
 
 
 def _unknown_vertex(operator_id: str, parallelism: int) -> dict[str, Any]:

@@ -46,6 +46,9 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     incarnation: Mapped[str | None] = mapped_column(String(64))  # the driver process's nonce
+    # The Spark application of the current driver, as its RUNNING reported it (None until then).
+    spark_application_id: Mapped[str | None] = mapped_column(String(200))
+    spark_ui_url: Mapped[str | None] = mapped_column(Text)  # None too when the UI is off
     created_at: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     start_time: Mapped[int] = mapped_column(BigInteger)
@@ -83,6 +86,8 @@ class Checkpoint(Base):
     )
     checkpoint_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
+    # The epoch that carried the barrier (its sources' barrier_injected); None until then.
+    epoch: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))  # checkpoint | savepoint
     is_final: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(16))

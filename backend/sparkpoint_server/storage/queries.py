@@ -123,7 +123,9 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
 
     ``timestamps`` maps each of Flink's eight statuses to the first time the job entered it
     (0: never); ``status-history`` lists the newest :data:`STATUS_HISTORY_LIMIT` transitions,
-    oldest first.
+    oldest first. ``spark`` names the Spark application of the job's current driver (its UI
+    address and application id, None until the driver reported RUNNING; the UI address also
+    when the Spark UI is off).
 
     Raises:
         JobNotFoundError: the job is unknown.
@@ -183,6 +185,7 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
             "last-heartbeat": job.last_heartbeat,
         },
         "config": job.config,
+        "spark": {"ui-url": job.spark_ui_url, "application-id": job.spark_application_id},
     }
 
 

@@ -119,8 +119,9 @@ class JobDriver:
 
     def run(self) -> JobResult:
         """Steps: (1) prepare (standalone: read ``--from-checkpoint``; connected: register and
-        obey the control plane's first ``restore``), (2) Spark session, (3) epochs under the
-        authority until the job ends, (4) a finished job's working state goes."""
+        obey the control plane's first ``restore``), (2) Spark session (the job's RUNNING names
+        its application), (3) epochs under the authority until the job ends, (4) a finished
+        job's working state goes."""
         started = self.clock.monotonic_ms()
         job = self.job
         try:
@@ -129,6 +130,7 @@ class JobDriver:
             # Step 2
             session = self._spark or spark_session(self.options.master, self.graph.name)
             runner = SparkEpochRunner(self.graph, session)
+            job.spark = runner.application()
             runner.warm_up()
             # Step 3
             self.authority.run(runner)

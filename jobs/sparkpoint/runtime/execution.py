@@ -26,7 +26,7 @@ from sparkpoint.options import JobOptions
 from sparkpoint.runtime.plan import EpochPlan, FailureInjection, SplitRange, StateInput, TaskReport
 from sparkpoint.runtime.planner import EpochPlanner
 from sparkpoint.runtime.recovery import RestorePoint
-from sparkpoint.runtime.spark import EpochFailedError
+from sparkpoint.runtime.spark import EpochFailedError, SparkApplication
 
 
 class EpochRunner(Protocol):
@@ -100,6 +100,7 @@ class JobExecution:
         n_state = graph.keyed.parallelism if graph.keyed else graph.source.parallelism
         self.state_inputs: tuple[StateInput, ...] = tuple(StateInput() for _ in range(n_state))
         self.restore_storage: CheckpointStorage | None = None  # where restored handles live
+        self.spark: SparkApplication | None = None  # set once Spark is up; RUNNING reports it
 
     # ------------------------------------------------------------------ events
     def publish(self, *payloads: Any) -> None:
@@ -107,9 +108,20 @@ class JobExecution:
         self.events.publish([p.envelope(self.job_id, self.attempt, now, pl) for pl in payloads])
 
     def set_status(self, status: p.JobStatus, cause: str | None = None) -> None:
-        if status != self.status:
-            self.publish(p.JobStatusChanged(status=status, previous=self.status, cause=cause))
-            self.status = status
+        """Report a status change; RUNNING names the Spark application (once Spark is up)."""
+        if status == self.status:
+            return
+        spark = self.spark if status is p.JobStatus.RUNNING else None
+        self.publish(
+            p.JobStatusChanged(
+                status=status,
+                previous=self.status,
+                cause=cause,
+                spark_ui_url=spark.ui_url if spark else None,
+                spark_application_id=spark.application_id if spark else None,
+            )
+        )
+        self.status = status
 
     # ------------------------------------------------------------------ epochs
     def run_epoch(

@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import Any
 
+from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.graph import JobGraph
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
@@ -27,6 +29,14 @@ class EpochFailedError(SparkpointError):
         super().__init__(f"epoch {epoch} failed: {cause}")
         self.epoch = epoch
         self.cause = cause
+
+
+@dataclass(frozen=True)
+class SparkApplication:
+    """The Spark application that runs a driver's epochs, as its RUNNING status reports it."""
+
+    application_id: str
+    ui_url: str | None  # None when the Spark UI is off (spark.ui.enabled=false)
 
 
 def spark_session(master: str, app_name: str) -> Any:
@@ -119,10 +129,14 @@ class SparkEpochRunner:
         self.sc.setJobGroup("sparkpoint-warm-up", "start Python workers")
         self.sc.parallelize(range(slots), slots).map(_import_runtime).collect()
 
+    def application(self) -> SparkApplication:
+        """The Spark application of the session: its id and the address of its UI."""
+        return SparkApplication(application_id=self.sc.applicationId, ui_url=self.sc.uiWebUrl)
+
     def run(self, plan: EpochPlan) -> list[TaskReport]:
         """Run one epoch; raises :class:`EpochFailedError` when any task failed."""
         graph = self.graph
-        group = f"sparkpoint-{plan.job_name}-a{plan.attempt}-e{plan.epoch}"
+        group = p.spark_job_group(plan.job_name, plan.attempt, plan.epoch)
         desc = f"{plan.job_name} ({plan.job_id}) attempt {plan.attempt} epoch {plan.epoch}"
         if plan.barrier is not None:
             desc += f" checkpoint {plan.barrier.checkpoint_id}"

@@ -14,7 +14,11 @@ from .conftest import AppFactory
 
 @pytest.fixture
 def history(sessions: sessionmaker[Session]) -> None:
-    """Job ``job-1``: checkpoints 1, 2, 5 completed, savepoint 4, 3 failed, 6 in progress."""
+    """Job ``job-1``: checkpoints 1, 2, 5 completed, savepoint 4, 3 failed, 6 in progress.
+
+    Attempt 2 restored checkpoint 2 and carried 5 and 6 (epochs 11 and 13); checkpoint 3
+    expired before any source injected its barrier (no epoch).
+    """
     with sessions() as s:
         add_job(
             s,
@@ -26,10 +30,14 @@ def history(sessions: sessionmaker[Session]) -> None:
         )
         s.flush()
         sizes = {1: (10.0, 100, 50, 0), 2: (20.0, 200, 100, 10), 5: (30.0, 300, 150, 20)}
+        carried = {1: (1, 2), 2: (1, 4), 5: (2, 11)}  # checkpoint: (attempt, epoch)
         for cid, (e2e, state, checkpointed, buffered) in sizes.items():
+            attempt, epoch = carried[cid]
             add_checkpoint(
                 s,
                 cid,
+                attempt=attempt,
+                epoch=epoch,
                 end_to_end_duration=e2e,
                 state_size=state,
                 checkpointed_size=checkpointed,
@@ -47,13 +55,14 @@ def history(sessions: sessionmaker[Session]) -> None:
             s,
             4,
             kind="savepoint",
+            epoch=7,
             end_to_end_duration=40.0,
             state_size=400,
             checkpointed_size=200,
             alignment_buffered=30,
             external_path="file:///tmp/sp/savepoint-job-1-4",
         )
-        add_checkpoint(s, 6, status="IN_PROGRESS", num_acknowledged_subtasks=4)
+        add_checkpoint(s, 6, status="IN_PROGRESS", num_acknowledged_subtasks=4, attempt=2, epoch=13)
         add_operation(s, "r-restore-ok", "restore", status="COMPLETED", checkpoint_id=2)
         add_operation(s, "r-restore-bad", "restore", status="FAILED", failure_cause="gone")
         s.commit()
@@ -80,12 +89,17 @@ def _entry(cid: int, **changes: Any) -> dict[str, Any]:
         "failure_message": None,
         "failure_reason": None,
         "discarded": False,
+        "epoch": None,
+        "spark-job-group": None,
     }
     return {**entry, **changes}
 
 
 IN_PROGRESS_6 = _entry(
     6,
+    attempt=2,
+    epoch=13,
+    **{"spark-job-group": "sparkpoint-job-1-name-a2-e13"},
     status="IN_PROGRESS",
     latest_ack_timestamp=None,
     end_to_end_duration=None,
@@ -95,10 +109,19 @@ IN_PROGRESS_6 = _entry(
     external_path=None,
 )
 COMPLETED_5 = _entry(
-    5, end_to_end_duration=30.0, state_size=300, checkpointed_size=150, alignment_buffered=20
+    5,
+    attempt=2,
+    epoch=11,
+    **{"spark-job-group": "sparkpoint-job-1-name-a2-e11"},
+    end_to_end_duration=30.0,
+    state_size=300,
+    checkpointed_size=150,
+    alignment_buffered=20,
 )
 SAVEPOINT_4 = _entry(
     4,
+    epoch=7,
+    **{"spark-job-group": "sparkpoint-job-1-name-a1-e7"},
     is_savepoint=True,
     checkpoint_type="SAVEPOINT",
     end_to_end_duration=40.0,
@@ -166,6 +189,31 @@ def test_checkpoint_statistics_have_flinks_shape(client: TestClient) -> None:
         },
         "history": [IN_PROGRESS_6, COMPLETED_5],
     }
+
+
+@pytest.mark.usefixtures("history")
+def test_each_checkpoint_names_the_epoch_and_spark_job_group_that_carried_its_barrier(
+    client: TestClient,
+) -> None:
+    def carried(entry: dict[str, Any]) -> tuple[int | None, str | None]:
+        return entry["epoch"], entry["spark-job-group"]
+
+    body = client.get("/jobs/job-1/checkpoints").json()
+    assert {entry["id"]: carried(entry) for entry in body["history"]} == {
+        6: (13, "sparkpoint-job-1-name-a2-e13"),
+        5: (11, "sparkpoint-job-1-name-a2-e11"),
+        4: (7, "sparkpoint-job-1-name-a1-e7"),
+        3: (None, None),  # it expired before a source injected its barrier
+        2: (4, "sparkpoint-job-1-name-a1-e4"),
+        1: (2, "sparkpoint-job-1-name-a1-e2"),
+    }
+    # The latest entries that are not on a one-entry history page are read on their own.
+    latest = client.get("/jobs/job-1/checkpoints", params={"limit": 1}).json()["latest"]
+    assert carried(latest["completed"]) == (11, "sparkpoint-job-1-name-a2-e11")
+    assert carried(latest["savepoint"]) == (7, "sparkpoint-job-1-name-a1-e7")
+    assert carried(latest["failed"]) == (None, None)
+    details = client.get("/jobs/job-1/checkpoints/details/2").json()
+    assert carried(details) == (4, "sparkpoint-job-1-name-a1-e4")
 
 
 @pytest.mark.usefixtures("history")

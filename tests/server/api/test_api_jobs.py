@@ -32,6 +32,8 @@ def two_jobs(sessions: sessionmaker[Session]) -> None:
             records_per_second=2_500.5,
             source_lag=17,
             last_heartbeat=T0 + 59_000,
+            spark_application_id="app-20231114221320-0007",
+            spark_ui_url="http://driver-1:4041",
         )
         s.flush()
         add_checkpoint(s, 1, job_id="new")
@@ -159,7 +161,17 @@ def test_job_details_have_flinks_fields_and_the_status_history(client: TestClien
             "last-heartbeat": T0 + 59_000,
         },
         "config": CONFIG,
+        "spark": {"ui-url": "http://driver-1:4041", "application-id": "app-20231114221320-0007"},
     }
+
+
+@pytest.mark.usefixtures("two_jobs")
+def test_a_job_whose_driver_named_no_spark_application_has_null_spark_fields(
+    client: TestClient,
+) -> None:
+    body = client.get("/jobs/old").json()
+
+    assert body["spark"] == {"ui-url": None, "application-id": None}
 
 
 def test_job_reads_of_an_unknown_job_are_404(client: TestClient) -> None:
