@@ -27,8 +27,9 @@ History = Annotated[int | None, Query(ge=1, le=10_000, description="How many ent
 @router.get(
     "/jobs",
     summary="List jobs",
-    description="Every job, newest first: status, times, attempt, restarts, its latest "
-    "checkpoint and its current records per second.",
+    description="Every job, newest first: status, times, attempt, restarts, its last finished "
+    "checkpoint (`last-checkpoint`: the newest completed or failed one, with its outcome and "
+    "when it finished) and its current records per second.",
     response_model=None,
 )
 def list_jobs(sessions: SessionsDep, clock: ClockDep) -> JSONResponse:

@@ -68,11 +68,12 @@ def require_job(session: Session, job_id: str) -> None:
 
 
 def list_jobs(session: Session, now_ms: int) -> list[dict[str, Any]]:
-    """Every job, newest first, with its latest checkpoint (``last-checkpoint``) or ``None``."""
+    """Every job, newest first, with its newest finished (completed or failed) checkpoint
+    (``last-checkpoint``: its outcome and when it finished) or ``None``."""
     c2 = Checkpoint.__table__.alias("newest")
     newest_id = (
         select(func.max(c2.c.checkpoint_id))
-        .where(c2.c.job_id == J.job_id)
+        .where((c2.c.job_id == J.job_id) & (c2.c.status != "IN_PROGRESS"))
         .correlate(Job.__table__)
         .scalar_subquery()
     )
