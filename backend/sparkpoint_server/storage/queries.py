@@ -145,6 +145,13 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
         .order_by(T.timestamp.desc(), T.id.desc())
         .limit(STATUS_HISTORY_LIMIT)
     ).all()
+    # Records read since the job started, over every attempt (a replay after a restore counts
+    # again, as Flink's numRecordsIn does): the sum of the per-epoch heartbeats.
+    records = int(  # PostgreSQL's SUM of a bigint is a numeric
+        session.execute(
+            select(func.coalesce(func.sum(H.records), 0)).where(H.job_id == job_id)
+        ).scalar_one()
+    )
     graph = job.graph or {}
     max_parallelism = (job.config or {}).get("max_parallelism")
     return {
@@ -180,7 +187,7 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
             for t in reversed(transitions)
         ],
         "throughput": {
-            "records": job.records,
+            "records": records,
             "records-per-second": job.records_per_second,
             "source-lag": job.source_lag,
             "last-heartbeat": job.last_heartbeat,

@@ -38,6 +38,8 @@ def two_jobs(sessions: sessionmaker[Session]) -> None:
         s.flush()
         add_checkpoint(s, 1, job_id="new")
         add_checkpoint(s, 2, job_id="new", status="IN_PROGRESS")
+        add_heartbeat(s, 1, 1, job_id="new", records=12_000)
+        add_heartbeat(s, 1, 2, job_id="new", records=345)
         add_status(s, "CREATED", T0 + 10_000, job_id="new")
         add_status(s, "RUNNING", T0 + 11_000, job_id="new", previous="CREATED")
         add_status(
