@@ -44,6 +44,12 @@ def _server(host: str, port: int) -> int:
     return serve(host, port)
 
 
+def _dashboard(host: str, port: int, api_url: str | None) -> int:
+    from sparkpoint_dashboard.server import serve  # the dashboard, installed with Sparkpoint
+
+    return serve(host, port, api_url)
+
+
 def _print_operation(kind: str, job: str, status: dict[str, Any]) -> int:
     operation = status.get("operation", {})
     if status.get("failed") or "failure-cause" in operation:
@@ -116,6 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8081)
     api_help = "the control plane's REST API (default: $SPARKPOINT_API_URL or :8081)"
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="start the dashboard (settings: SPARKPOINT_API_URL, SPARKPOINT_DASHBOARD_REFRESH_MS)",
+    )
+    dashboard.add_argument("--host", default="127.0.0.1")
+    dashboard.add_argument("--port", type=int, default=8050)
+    dashboard.add_argument("--api", help=api_help)
     listing = sub.add_parser("list", help="list the jobs the control plane knows")
     listing.add_argument("--api", help=api_help)
     for name, what in (
@@ -139,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(ns.job, ns.args)
     if ns.command == "server":
         return _server(ns.host, ns.port)
+    if ns.command == "dashboard":
+        return _dashboard(ns.host, ns.port, ns.api)
     if ns.command in ("list", "checkpoint", "savepoint", "stop", "cancel", "restore"):
         return _client_command(ns)
     parser.error(f"unknown command {ns.command}")

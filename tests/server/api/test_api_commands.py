@@ -71,7 +71,14 @@ def service() -> RecordingControlPlane:
 def api(
     make_client: AppFactory, sessions: sessionmaker[Session], service: RecordingControlPlane
 ) -> TestClient:
-    """A token-protected app on a database with job ``job-1`` (checkpoints 1-3 completed)."""
+    return commands_app(make_client, sessions, service)
+
+
+def commands_app(
+    make_client: AppFactory, sessions: sessionmaker[Session], service: RecordingControlPlane
+) -> TestClient:
+    """A token-protected app on a database with job ``job-1`` (checkpoints 1-3 completed, 4
+    failed, savepoint 5) whose commands go to ``service``."""
     with sessions() as s:
         add_job(s)
         s.flush()

@@ -1,0 +1,59 @@
+"""The frame around every page: the header with navigation and the token field, the banner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import dcc, html
+
+from sparkpoint_dashboard import ids
+
+
+def header(api_url: str) -> html.Header:
+    return html.Header(
+        [
+            dcc.Link(
+                [html.Span("◆", className="brand-mark"), " Sparkpoint"], href="/", className="brand"
+            ),
+            html.Nav([dcc.Link("Jobs", href="/", className="nav-link")], className="nav"),
+            html.Div(
+                [
+                    html.Span(
+                        ["API ", html.A(api_url, href=f"{api_url}/docs", target="_blank")],
+                        className="api-url",
+                    ),
+                    dcc.Input(
+                        id=ids.TOKEN_INPUT,
+                        type="password",
+                        placeholder="API token (needed for actions)",
+                        persistence=True,
+                        persistence_type="session",
+                        debounce=True,
+                        className="token-input",
+                        autoComplete="off",
+                    ),
+                    html.Span(id=ids.TOKEN_STATE, className="token-state"),
+                ],
+                className="header-right",
+            ),
+        ],
+        className="app-header",
+    )
+
+
+def banner_view(error: str | None, api_url: str, last_ok: str | None) -> tuple[Any, dict[str, str]]:
+    """The banner's text and style: hidden while the API answers."""
+    if error is None:
+        return None, {"display": "none"}
+    since = f" Showing what was last read at {last_ok} UTC." if last_ok else ""
+    return (
+        [
+            html.Strong("The control plane is not reachable. "),
+            f"{error}.{since} Retrying; is `sparkpoint server` running at {api_url}?",
+        ],
+        {"display": "block"},
+    )
+
+
+def token_state(token: str | None) -> str:
+    return "token set" if token and token.strip() else "no token: read-only"

@@ -1,0 +1,342 @@
+"""A job's overview: its cards, status timeline and table, throughput chart, failures and graph,
+shaped from the API's answers; an unknown job gives a message that names it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from sparkpoint_dashboard import ids
+from sparkpoint_dashboard.api_client import ApiClient
+from sparkpoint_dashboard.app import build_app
+from sparkpoint_dashboard.components.job_charts import (
+    restart_marks,
+    status_bands,
+    status_figure,
+    throughput_figure,
+)
+from sparkpoint_dashboard.pages import job as page
+from sparkpoint_dashboard.routing import parse
+from sparkpoint_dashboard.settings import load_settings
+from sparkpoint_dashboard.units import DASH, to_datetime
+
+T0 = 1_795_659_691_559  # 2026-11-26 02:21:31.559 UTC
+
+JOB: dict[str, Any] = {
+    "jid": "ab8f",
+    "name": "pv-count",
+    "state": "RUNNING",
+    "start-time": T0,
+    "end-time": -1,
+    "duration": 125_000,
+    "now": T0 + 125_000,
+    "attempt": 2,
+    "restarts": 1,
+    "vertices": [
+        {
+            "id": "pv",
+            "name": "pv -> sink",
+            "parallelism": 2,
+            "maxParallelism": 128,
+            "operators": ["pv", "sink"],
+        },
+        {
+            "id": "events",
+            "name": "events",
+            "parallelism": 2,
+            "maxParallelism": 128,
+            "operators": ["events"],
+        },
+    ],
+    "edges": [{"source": "events", "target": "pv"}],
+    "status-history": [
+        {
+            "timestamp": T0,
+            "status": "CREATED",
+            "previous": None,
+            "cause": "registered",
+            "attempt": 1,
+        },
+        {
+            "timestamp": T0 + 20_000,
+            "status": "RUNNING",
+            "previous": "CREATED",
+            "cause": None,
+            "attempt": 1,
+        },
+        {
+            "timestamp": T0 + 80_000,
+            "status": "RESTARTING",
+            "previous": "RUNNING",
+            "cause": "task pv/1 failed: boom",
+            "attempt": 1,
+        },
+        {
+            "timestamp": T0 + 81_500,
+            "status": "RUNNING",
+            "previous": "RESTARTING",
+            "cause": None,
+            "attempt": 2,
+        },
+    ],
+    "throughput": {
+        "records": 12_345,
+        "records-per-second": 4939.8,
+        "source-lag": 2228,
+        "last-heartbeat": T0 + 123_000,
+    },
+}
+SAMPLES = [
+    {
+        "timestamp": T0 + 60_000,
+        "attempt": 1,
+        "epoch": 28,
+        "records": 2724,
+        "records-per-second": 6095.5,
+        "source-lag": 2290,
+        "duration": 446.9,
+    },
+    {
+        "timestamp": T0 + 90_000,
+        "attempt": 2,
+        "epoch": 1,
+        "records": 2294,
+        "records-per-second": 4882.6,
+        "source-lag": 2350,
+        "duration": 469.8,
+    },
+]
+
+
+def texts(node: Any) -> list[str]:
+    """Every string child in ``node``, in order."""
+    out: list[str] = []
+    for c in [node, *node._traverse()]:
+        children = getattr(c, "children", None)
+        if isinstance(children, str):
+            out.append(children)
+    return out
+
+
+def test_the_cards_show_status_uptime_restarts_throughput_and_heartbeat() -> None:
+    cards = page.job_cards(JOB, SAMPLES)
+    assert [texts(c) for c in cards] == [
+        ["Status", "RUNNING", "since 02:22:53 UTC"],
+        ["Uptime", "2 min 05 s", "started 02:21:31 UTC"],
+        ["Attempt", "2", "restores count too"],
+        ["Restarts", "1", "last: 45.0 s ago"],
+        ["Throughput", "4,940 records/s", "last epoch"],
+        ["Records", "12,345 records", "since the job started"],
+        ["Source lag", "2,228 records", "not read yet"],
+        ["Last heartbeat", "2.00 s ago", "02:23:34 UTC"],
+    ]
+
+
+def test_a_finished_job_shows_no_throughput_and_a_kept_total_is_used() -> None:
+    finished = {**JOB, "state": "FINISHED", "throughput": {**JOB["throughput"], "records": 10**6}}
+    cards = page.job_cards(finished, SAMPLES)
+    assert texts(cards[4]) == ["Throughput", DASH, "the job is FINISHED"]
+    assert texts(cards[5]) == ["Records", "1,000,000 records", "since the job started"]
+
+
+def test_statuses_become_bands_until_the_next_transition_or_now() -> None:
+    assert [
+        (b["status"], b["start"] - T0, b["end"] - T0, b["attempt"]) for b in status_bands(JOB)
+    ] == [
+        ("CREATED", 0, 20_000, 1),
+        ("RUNNING", 20_000, 80_000, 1),
+        ("RESTARTING", 80_000, 81_500, 1),
+        ("RUNNING", 81_500, 125_000, 2),
+    ]
+
+
+def test_the_status_timeline_has_one_coloured_trace_per_status() -> None:
+    figure = status_figure(status_bands(JOB))
+    traces = {t["name"]: t for t in figure["data"]}
+    assert list(traces) == ["CREATED", "RUNNING", "RESTARTING"]
+    assert traces["RUNNING"]["marker"]["color"] == "#15803d"
+    assert traces["RESTARTING"]["marker"]["color"] == "#d97706"
+    assert traces["RUNNING"]["x"] == [60_000, 43_500]
+    assert traces["RUNNING"]["base"] == [to_datetime(T0 + 20_000), to_datetime(T0 + 81_500)]
+    assert traces["RESTARTING"]["customdata"] == [
+        ["RESTARTING", "1.50 s", 1, "task pv/1 failed: boom"]
+    ]
+    assert figure["layout"]["xaxis"]["title"]["text"] == "time (UTC)"
+    assert figure["layout"]["uirevision"] == "keep"
+
+
+def test_the_status_table_lists_transitions_with_cause_and_attempt() -> None:
+    rows = page.status_rows(status_bands(JOB))
+    assert [r["clock"] for r in rows] == [
+        "02:21:31.559",
+        "02:21:51.559",
+        "02:22:51.559",
+        "02:22:53.059",
+    ]
+    assert [
+        (r["time"], r["status"], r["lasted"], r["attempt"], r["cause"], r["transition"])
+        for r in rows
+    ] == [
+        ("2026-11-26 02:21:31.559", "CREATED", "20.0 s", 1, "registered", "start → CREATED"),
+        ("2026-11-26 02:21:51.559", "RUNNING", "1 min 00 s", 1, DASH, "CREATED → RUNNING"),
+        (
+            "2026-11-26 02:22:51.559",
+            "RESTARTING",
+            "1.50 s",
+            1,
+            "task pv/1 failed: boom",
+            "RUNNING → RESTARTING",
+        ),
+        ("2026-11-26 02:22:53.059", "RUNNING", "43.5 s so far", 2, DASH, "RESTARTING → RUNNING"),
+    ]
+
+
+def test_the_throughput_chart_has_rate_lag_on_a_second_axis_and_restarts() -> None:
+    figure = throughput_figure(SAMPLES, restart_marks(JOB))
+    rate, lag = figure["data"]
+    assert (rate["name"], rate["y"]) == ("records/s", [6095.5, 4882.6])
+    assert (lag["name"], lag["y"], lag["yaxis"]) == ("source lag (records)", [2290, 2350], "y2")
+    layout = figure["layout"]
+    assert layout["yaxis"]["title"]["text"] == "records/s"
+    assert layout["yaxis2"]["title"]["text"] == "source lag (records)"
+    assert layout["xaxis"]["title"]["text"] == "time (UTC)"
+    (shape,) = layout["shapes"]
+    assert shape["x0"] == to_datetime(T0 + 80_000)
+    assert [a["text"] for a in layout["annotations"]] == ["restart → attempt 1"]
+
+
+def test_failures_show_where_why_and_what_the_restart_strategy_decided() -> None:
+    answer = {
+        "exceptionHistory": {
+            "entries": [
+                {
+                    "exceptionName": "TASK_FAILED",
+                    "stacktrace": "ValueError: boom",
+                    "timestamp": T0 + 80_000,
+                    "taskName": "pv (subtask 1)",
+                    "attempt": 1,
+                    "epoch": 41,
+                    "action": "restart in 1000 ms (exponential-delay: restart 1 in 1 s)",
+                },
+                {
+                    "exceptionName": "DRIVER_RESTART",
+                    "stacktrace": "the driver registered again",
+                    "timestamp": T0 + 10_000,
+                    "taskName": None,
+                    "attempt": 1,
+                    "epoch": None,
+                    "action": "restore the latest completed checkpoint",
+                },
+            ],
+            "truncated": False,
+        }
+    }
+    assert page.exception_rows(answer) == [
+        {
+            "id": f"{T0 + 80_000}-TASK_FAILED-1",
+            "timestamp": T0 + 80_000,
+            "time": "2026-11-26 02:22:51.559",
+            "attempt": 1,
+            "kind": "TASK_FAILED",
+            "task": "pv (subtask 1)",
+            "epoch": 41,
+            "cause": "ValueError: boom",
+            "decision": "restart in 1000 ms (exponential-delay: restart 1 in 1 s)",
+        },
+        {
+            "id": f"{T0 + 10_000}-DRIVER_RESTART-1",
+            "timestamp": T0 + 10_000,
+            "time": "2026-11-26 02:21:41.559",
+            "attempt": 1,
+            "kind": "DRIVER_RESTART",
+            "task": "the job",
+            "epoch": None,
+            "cause": "the driver registered again",
+            "decision": "restore the latest completed checkpoint",
+        },
+    ]
+    assert page.exception_rows({"exceptionHistory": {"entries": []}}) == []
+
+
+def test_the_graph_runs_from_sources_to_sinks_with_chains_and_parallelism() -> None:
+    assert [v["id"] for v in page.vertex_order(JOB)] == ["events", "pv"]
+    boxes = page.vertices_view(JOB)
+    assert [texts(b) for b in boxes] == [
+        ["events", "parallelism 2 · max 128", "uid events"],
+        ["→"],
+        ["pv -> sink", "parallelism 2 · max 128", "chained: pv → sink"],
+    ]
+    assert texts(page.vertices_view({"vertices": [], "edges": []})[0]) == [
+        "The job has not registered its graph yet."
+    ]
+
+
+def test_an_unknown_job_is_named() -> None:
+    assert page.not_found_text("nope", 404, "job nope not found") == (
+        "Job nope is not known to the control plane (job nope not found). "
+        "It may have been started against another control plane."
+    )
+
+
+def test_the_layout_starts_with_the_header_and_holds_every_part() -> None:
+    view = page.layout(parse("/jobs/ab8f"))
+    assert view.children[0].className == "job-header"
+    found = {getattr(c, "id", None) for c in view._traverse()}
+    assert {
+        ids.ROUTE,
+        ids.JOB_CARDS,
+        ids.JOB_STATUS_CHART,
+        ids.JOB_STATUS_GRID,
+        ids.JOB_THROUGHPUT_CHART,
+        ids.JOB_EXCEPTIONS_GRID,
+        ids.JOB_VERTICES,
+        ids.JOB_MESSAGE,
+        ids.CFG_APPLY,
+        ids.CFG_CURRENT,
+        ids.RS_TYPE,
+        ids.RS_APPLY,
+        ids.RS_CURRENT,
+        ids.ACT_SAVEPOINT,
+    } <= found
+
+
+def test_the_refresh_of_an_unknown_job_shows_the_message_and_hides_the_rest() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"errors": ["job nope not found"]})
+
+    client = ApiClient("http://api")
+    client._http = httpx.Client(base_url="http://api", transport=httpx.MockTransport(handler))
+    app = build_app(load_settings(api_url="http://api"), client)
+    outputs = [
+        ids.JOB_CARDS,
+        ids.JOB_STATUS_CHART,
+        ids.JOB_STATUS_GRID,
+        ids.JOB_THROUGHPUT_CHART,
+        ids.JOB_VERTICES,
+        ids.JOB_MESSAGE,
+        ids.JOB_BODY,
+    ]
+    props = ["children", "figure", "rowData", "figure", "children", "children", "style"]
+    output = "...".join(f"{o}.{p}" for o, p in zip(outputs, props, strict=True))
+    route = {"page": "job", "job_id": "nope", "checkpoint_id": None}
+    answer = app.server.test_client().post(
+        "/_dash-update-component",
+        json={
+            "output": f"..{output}..",
+            "outputs": [{"id": o, "property": p} for o, p in zip(outputs, props, strict=True)],
+            "inputs": [
+                {"id": ids.REFRESH, "property": "n_intervals", "value": 1},
+                {"id": ids.ROUTE, "property": "data", "value": route},
+            ],
+            "changedPropIds": [f"{ids.REFRESH}.n_intervals"],
+            "state": [{"id": ids.TOKEN_INPUT, "property": "value", "value": None}],
+        },
+    )
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    response = answer.get_json()["response"]
+    assert response[ids.JOB_BODY] == {"style": {"display": "none"}}
+    assert ids.JOB_CARDS not in response
+    notice = json.dumps(response[ids.JOB_MESSAGE])
+    assert "Job nope is not known to the control plane (job nope not found)." in notice
