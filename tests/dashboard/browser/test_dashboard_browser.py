@@ -1,0 +1,370 @@
+"""The dashboard in headless Chromium against a real control plane and a real PV job.
+
+One job serves every test, in this order: the pages show what the API says (jobs, overview,
+checkpoints, one checkpoint's timeline), a savepoint triggered from the page completes, an
+invalid restart strategy is refused without a change, and last a restore to a retained
+checkpoint (it starts a new attempt, so it comes after the tests that read attempt 1). The
+browser console stays free of errors, and each page is saved to ``docs/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+
+from sparkpoint_dashboard import ids
+from tests.e2e.control_plane import TOKEN, wait_for
+
+from .conftest import Job
+from .dashboard_page import HEIGHT, WIDTH, DashboardPage, pattern_id_xpath
+
+pytestmark = [pytest.mark.browser, pytest.mark.spark]
+
+RS_ATTEMPTS = {"type": ids.RS_PARAM, "key": "restart-strategy.fixed-delay.attempts"}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def job_path(job: Job) -> str:
+    return f"/jobs/{job.id}"
+
+
+def checkpoints_answer(api: httpx.Client, job: Job) -> dict[str, Any]:
+    answer = api.get(f"/jobs/{job.id}/checkpoints", params={"limit": 1000})
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def completed_ids(answer: dict[str, Any]) -> set[int]:
+    return {h["id"] for h in answer["history"] if h["status"] == "COMPLETED"}
+
+
+def ensure_token(page: DashboardPage) -> None:
+    """Type the control plane's token into the header (kept for the browser session)."""
+    field = page.by_id(ids.TOKEN_INPUT)
+    if field.get_attribute("value") != TOKEN:
+        page.type_into(field, TOKEN)
+    page.wait("the token to be taken", lambda: page.text(ids.TOKEN_STATE) == "token set")
+
+
+def choose_restore(page: DashboardPage, checkpoint_id: int) -> None:
+    """Choose retained checkpoint ``checkpoint_id`` in the restore dropdown (its option values
+    are ``checkpoint:<id>`` and ``savepoint:<id>``)."""
+    page.choose(ids.ACT_RESTORE_SELECT, f"checkpoint:{checkpoint_id}")
+    chosen = page.chosen_label(ids.ACT_RESTORE_SELECT)
+    assert chosen.startswith(f"#{checkpoint_id} checkpoint · "), chosen
+
+
+def choose_restart_type(page: DashboardPage, strategy: str) -> None:
+    """Choose a restart strategy type (``none``, ``fixed-delay``, ...) in the form."""
+    page.choose(ids.RS_TYPE, strategy)
+
+
+def finished_operation(page: DashboardPage, kind: str, timeout_s: float) -> str:
+    """Wait for the newest entry of ``kind`` in the operations log to finish (the log marks
+    each entry with ``data-kind`` and ``data-status``); its text, asserting it COMPLETED."""
+
+    def newest() -> dict[str, str] | None:
+        entry = page.driver.execute_script(
+            "const e = document.querySelector(arguments[0]);"
+            "return e && {status: e.dataset.status, text: e.innerText};",
+            f"#{ids.OPERATIONS_LOG} .operation[data-kind='{kind}']",
+        )
+        return entry if entry and entry["status"] != "IN_PROGRESS" else None
+
+    entry = page.wait(f"the {kind} to finish in the operations log", newest, timeout_s)
+    assert entry["status"] == "COMPLETED", entry["text"]
+    return entry["text"]
+
+
+def completed_count_shown(page: DashboardPage) -> int | None:
+    """The number on the "Completed" card of the checkpoints page."""
+    value = page.driver.execute_script(
+        "for (const card of document.querySelectorAll(arguments[0])) {"
+        "  const label = card.querySelector('.stat-label');"
+        "  if (label && label.innerText.trim().toLowerCase() === 'completed') {"
+        "    return card.querySelector('.stat-value').innerText.trim(); } }"
+        "return null;",
+        f"#{ids.CP_COUNTS} .stat",
+    )
+    digits = (value or "").replace(",", "")
+    return int(digits) if digits.isdigit() else None
+
+
+def has_data(page: DashboardPage, element_id: str) -> bool:
+    """Whether the grid or graph ``element_id`` shows rows or a drawn figure."""
+    return bool(page.grid_rows(element_id) or page.figure(element_id))
+
+
+def running_badge() -> str:
+    """The job header's status badge while the job is RUNNING."""
+    return f"#{ids.JOB_STATUS_BADGE} .badge[data-status='RUNNING']"
+
+
+def assert_screenshot(path: Path) -> None:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", path
+    width, height = int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+    assert (width, height) == (WIDTH, HEIGHT), path
+
+
+# ----------------------------------------------------------------------------- the pages
+
+
+def test_jobs_page_lists_the_running_job(page: DashboardPage, job: Job) -> None:
+    page.open("/", ids.JOBS_GRID)
+
+    def row() -> dict[str, Any] | None:
+        rows = [r for r in page.grid_rows(ids.JOBS_GRID) if r["_links"].get("job") == job_path(job)]
+        return rows[0] if rows and rows[0].get("status") == "RUNNING" else None
+
+    shown = page.wait("the job's row, RUNNING", row)
+    assert shown["job"].startswith("pv-count")
+    assert shown["attempt"] == "1"
+    last = re.fullmatch(r"#(\d+) (COMPLETED|IN_PROGRESS)", shown["last_checkpoint"])
+    assert last, shown
+    assert shown["_links"]["last_checkpoint"] == f"{job_path(job)}/checkpoints/{last[1]}"
+    assert_screenshot(page.screenshot("jobs"))
+
+
+def test_overview_shows_the_job_running(page: DashboardPage, job: Job, api: httpx.Client) -> None:
+    page.open(job_path(job), ids.JOB_STATUS_BADGE, ids.JOB_THROUGHPUT_CHART)
+    badge = page.wait("the RUNNING badge", lambda: page.texts(running_badge()))
+    assert badge == ["RUNNING · attempt 1"]
+    assert page.text(ids.JOB_TITLE) == f"pv-count ({job.id})"
+    # The throughput chart draws the job's heartbeats (records/s on the y axis).
+    figure = page.wait(
+        "the throughput chart's points",
+        lambda: (
+            (f := page.figure(ids.JOB_THROUGHPUT_CHART))
+            and any(len(t["x"]) >= 2 for t in f["traces"])
+            and f
+        ),
+    )
+    assert figure["traces"]
+    assert api.get(f"/jobs/{job.id}").json()["state"] == "RUNNING"
+    assert_screenshot(page.screenshot("job"))
+
+
+def test_checkpoints_page_shows_the_completed_checkpoints(
+    page: DashboardPage, job: Job, api: httpx.Client
+) -> None:
+    page.open(f"{job_path(job)}/checkpoints", ids.CP_HISTORY_GRID, ids.CP_COUNTS)
+    recent: list[dict[str, Any]] = []  # the API's answers of the last seconds (refresh lag)
+
+    def api_now() -> list[dict[str, Any]]:
+        recent.append(checkpoints_answer(api, job))
+        del recent[:-4]
+        return recent
+
+    def shown_rows() -> list[dict[str, Any]]:
+        """The rendered rows (newest first), with the checkpoint id their link shows."""
+        rows = page.grid_rows(ids.CP_HISTORY_GRID)
+        for row in rows:
+            row["id"] = int(row["link"].lstrip("#")) if row.get("link", "").startswith("#") else 0
+        return rows
+
+    def rows_match_the_api() -> bool:
+        answers, rows = api_now(), shown_rows()
+        if not rows:
+            return False
+        shown = {r["id"] for r in rows}
+        completed = {r["id"] for r in rows if r.get("status") == "COMPLETED"}
+        # The grid renders the rows in view: compare the ids between its first and last.
+        return any(
+            completed == {i for i in completed_ids(a) if min(shown) <= i <= max(shown)}
+            for a in answers
+        )
+
+    page.wait("the history grid to show the API's completed checkpoints", rows_match_the_api)
+    rows = shown_rows()
+    completed = [r for r in rows if r["status"] == "COMPLETED"]
+    assert len(completed) >= 2
+    for row in completed:
+        assert row["_links"]["link"] == f"{job_path(job)}/checkpoints/{row['id']}"
+        assert row["acknowledged"] == "4/4"
+        assert row["attempt"] == "1"
+    assert [r["id"] for r in rows] == sorted((r["id"] for r in rows), reverse=True)  # newest first
+
+    def data_matches_the_api() -> bool:
+        """Every row (rendered or not): the completed ones are the API's."""
+        answers, data = api_now(), page.grid_data(ids.CP_HISTORY_GRID)
+        oldest = min((int(d["id"]) for d in data), default=0)
+        completed = {int(d["id"]) for d in data if d["status"] == "COMPLETED"}
+        return bool(data) and any(
+            completed == {i for i in completed_ids(a) if i >= oldest} for a in answers
+        )
+
+    page.wait(
+        "the history grid's data to hold the API's completed checkpoints", data_matches_the_api
+    )
+    page.wait(
+        "the Completed card to show the API's count",
+        lambda: completed_count_shown(page) in {a["counts"]["completed"] for a in api_now()},
+    )
+    page.wait(
+        "the history chart's points",
+        lambda: (f := page.figure(ids.CP_HISTORY_CHART)) and any(t["x"] for t in f["traces"]),
+    )
+    assert_screenshot(page.screenshot("checkpoints"))
+
+
+def test_checkpoint_timeline_shows_every_subtask(
+    page: DashboardPage, job: Job, api: httpx.Client
+) -> None:
+    answer = checkpoints_answer(api, job)
+    checkpoint_id = answer["latest"]["completed"]["id"]
+    details = api.get(f"/jobs/{job.id}/checkpoints/details/{checkpoint_id}").json()
+    expected: set[tuple[str, int]] = set()
+    names: dict[str, str] = {}
+    for operator_id, task in details["tasks"].items():
+        names[operator_id] = task["name"]
+        sub = api.get(
+            f"/jobs/{job.id}/checkpoints/details/{checkpoint_id}/subtasks/{operator_id}"
+        ).json()
+        expected |= {(operator_id, s["index"]) for s in sub["subtasks"]}
+    assert len(expected) == details["num_subtasks"] == 4
+
+    page.open(f"{job_path(job)}/checkpoints/{checkpoint_id}", ids.CK_TIMELINE)
+    figure = page.wait(
+        "the timeline to draw",
+        lambda: (f := page.figure(ids.CK_TIMELINE)) and any(t["y"] for t in f["traces"]) and f,
+    )
+    categories = {str(y) for t in figure["traces"] for y in t["y"]}
+    assert len(categories) == len(expected), categories
+    assert categories == {timeline_label(names[op], op, i) for op, i in expected}
+    assert_screenshot(page.screenshot("checkpoint"))
+    page.driver.execute_script(
+        "document.getElementById(arguments[0]).scrollIntoView({block: 'center'})", ids.CK_TIMELINE
+    )
+    assert_screenshot(page.screenshot("checkpoint-timeline"))
+
+
+def timeline_label(name: str, operator_id: str, index: int) -> str:
+    """The timeline's y category of one subtask."""
+    return f"{name} #{index}"
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+def test_a_savepoint_triggered_from_the_page_completes(
+    page: DashboardPage, job: Job, api: httpx.Client, tmp_path: Path
+) -> None:
+    target = tmp_path / "savepoints"
+    page.open(job_path(job), ids.ACT_SAVEPOINT, ids.OPERATIONS_LOG)
+    ensure_token(page)
+    page.type_into(page.by_id(ids.ACT_SAVEPOINT_DIR), str(target))
+    page.by_id(ids.ACT_SAVEPOINT).click()
+    text = page.confirm()
+    assert text == f"Trigger a savepoint of job {job.id} into {target}? The job keeps running."
+    entry = finished_operation(page, "savepoint", timeout_s=90)
+    latest = checkpoints_answer(api, job)["latest"]["savepoint"]
+    assert latest is not None
+    location = latest["external_path"]
+    assert location.startswith(f"file://{target}/")
+    assert (Path(location.removeprefix("file://")) / "_metadata").is_file()
+    assert f"savepoint {latest['id']} completed at {location}" in entry
+    assert_screenshot(page.screenshot("job-operations"))
+
+
+def test_an_invalid_restart_strategy_is_refused_and_changes_nothing(
+    page: DashboardPage, job: Job, api: httpx.Client
+) -> None:
+    before = api.get(f"/jobs/{job.id}/restart-strategy").json()
+    page.open(job_path(job), ids.RS_TYPE, ids.RS_APPLY)
+    ensure_token(page)
+    # The form is filled from the API once: choose after that, or the fill would undo it.
+    page.wait(
+        "the form to show the current type",
+        lambda: page.exists_css(f"#{ids.RS_TYPE} input:checked"),
+    )
+    choose_restart_type(page, "fixed-delay")
+    attempts = page.wait(
+        "the attempts field of fixed-delay",
+        lambda: page.driver.find_elements(By.XPATH, pattern_id_xpath(RS_ATTEMPTS)),
+    )[0]
+    page.type_into(attempts, "-3")
+    page.by_id(ids.RS_APPLY).click()
+    text = page.confirm()
+    assert text.startswith(f"Replace the restart strategy of job {job.id} with fixed-delay (")
+    assert "attempts -3" in text
+    error = page.wait(
+        "an error naming restart-strategy.fixed-delay.attempts",
+        lambda: [
+            t
+            for t in page.texts(f"#{ids.RS_FEEDBACK} .notice-error")
+            if "restart-strategy.fixed-delay.attempts" in t
+        ],
+    )
+    assert "nothing changed" in error[0]
+    assert api.get(f"/jobs/{job.id}/restart-strategy").json() == before
+
+
+def test_a_restore_to_a_retained_checkpoint_from_the_page_completes(
+    page: DashboardPage, job: Job, api: httpx.Client
+) -> None:
+    attempt = api.get(f"/jobs/{job.id}").json()["attempt"]
+    page.open(f"{job_path(job)}/checkpoints", ids.ACT_RESTORE_SELECT)
+    ensure_token(page)
+
+    def newest_retained() -> int | None:
+        values = page.options(ids.ACT_RESTORE_SELECT)
+        checkpoints = [int(v.split(":")[1]) for v in values if v.startswith("checkpoint:")]
+        return max(checkpoints) if checkpoints else None
+
+    # The newest retained one stays retained longest (5 are kept, one completes a second).
+    checkpoint_id = page.wait("a retained checkpoint to restore", newest_retained)
+    choose_restore(page, checkpoint_id)
+    page.by_id(ids.ACT_RESTORE).click()
+    text = page.confirm()
+    assert text.startswith(f"Restore job {job.id} from checkpoint {checkpoint_id}, taken ")
+    assert "will be produced again" in text
+    entry = finished_operation(page, "restore", timeout_s=120)
+    assert f"the job runs again from checkpoint {checkpoint_id}" in entry
+    restored = checkpoints_answer(api, job)["latest"]["restored"]
+    assert restored["id"] == checkpoint_id
+
+    def running_again() -> dict[str, Any] | None:
+        state = api.get(f"/jobs/{job.id}").json()
+        return state if state["state"] in ("RUNNING", "FINISHED") else None
+
+    state = wait_for("the job to run again", running_again, timeout_s=60)
+    assert state["attempt"] == attempt + 1
+    # ... and the page's header says so.
+    page.wait(
+        f"the header to show attempt {attempt + 1}",
+        lambda: (
+            page.texts(running_badge()) == [f"RUNNING · attempt {attempt + 1}"]
+            or state["state"] == "FINISHED"
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- the console
+
+
+def test_no_page_logs_an_error_to_the_console(page: DashboardPage, job: Job) -> None:
+    """Every page once more (with its data), then no error in everything the console logged
+    during the module: no SEVERE entry, no AG Grid warning."""
+    checkpoint_id = None
+    for path, ready in (
+        ("/", ids.JOBS_GRID),
+        (job_path(job), ids.JOB_THROUGHPUT_CHART),
+        (f"{job_path(job)}/checkpoints", ids.CP_HISTORY_GRID),
+    ):
+        page.open(path, ready)
+        page.wait(f"data on {path}", partial(has_data, page, ready))
+        if path.endswith("/checkpoints"):
+            checkpoint_id = page.grid_rows(ids.CP_HISTORY_GRID)[-1]["link"].lstrip("#")
+    page.open(f"{job_path(job)}/checkpoints/{checkpoint_id}", ids.CK_TIMELINE)
+    page.wait("the timeline", lambda: page.figure(ids.CK_TIMELINE))
+    errors = page.errors()
+    assert errors == [], "\n".join(f"{e.page}: {e.level} {e.message}" for e in errors)
