@@ -18,12 +18,12 @@ test: $(VENV)/.installed
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check jobs backend migrations tests
-	$(VENV)/bin/ruff format --check jobs backend migrations tests
+	$(VENV)/bin/ruff check jobs backend frontend migrations tests
+	$(VENV)/bin/ruff format --check jobs backend frontend migrations tests
 	$(VENV)/bin/mypy
 
 format: $(VENV)/.installed
-	$(VENV)/bin/ruff format jobs backend migrations tests
+	$(VENV)/bin/ruff format jobs backend frontend migrations tests
 
 bench: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_pv.py
@@ -36,28 +36,31 @@ bench-ss: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_vs_structured_streaming.py
 
 DEMO_PORT ?= 8081
+DEMO_DASHBOARD_PORT ?= 8050
 
-# The control plane (embedded Redis unless REDIS_URL, SQLite unless DATABASE_URL) and the example
-# job connected to it; the control plane keeps running after the job finished, until Ctrl-C.
+# The control plane (embedded Redis unless REDIS_URL, SQLite unless DATABASE_URL), the dashboard
+# and the example job connected to them; the control plane and the dashboard keep running after
+# the job finished, until Ctrl-C.
 demo: $(VENV)/.installed
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
 	@set -euo pipefail; \
 	export SPARKPOINT_DATA_DIR=$(abspath $(DEMO_DIR))/server; \
+	export SPARKPOINT_API_URL=http://127.0.0.1:$(DEMO_PORT); \
 	$(VENV)/bin/sparkpoint server --port $(DEMO_PORT) > $(DEMO_DIR)/server.log 2>&1 & server=$$!; \
-	trap 'kill $$server 2>/dev/null; wait $$server 2>/dev/null' EXIT INT TERM; \
+	$(VENV)/bin/sparkpoint dashboard --port $(DEMO_DASHBOARD_PORT) > $(DEMO_DIR)/dashboard.log 2>&1 & dashboard=$$!; \
+	trap 'kill $$server $$dashboard 2>/dev/null; wait $$server $$dashboard 2>/dev/null' EXIT INT TERM; \
 	for _ in $$(seq 60); do curl -sf http://127.0.0.1:$(DEMO_PORT)/healthz >/dev/null && break; sleep 0.5; done; \
 	curl -sf http://127.0.0.1:$(DEMO_PORT)/healthz >/dev/null || { cat $(DEMO_DIR)/server.log; exit 1; }; \
+	for _ in $$(seq 60); do curl -sf http://127.0.0.1:$(DEMO_DASHBOARD_PORT)/ >/dev/null && break; sleep 0.5; done; \
+	curl -sf http://127.0.0.1:$(DEMO_DASHBOARD_PORT)/ >/dev/null || { cat $(DEMO_DIR)/dashboard.log; exit 1; }; \
+	echo "dashboard:     http://127.0.0.1:$(DEMO_DASHBOARD_PORT)"; \
 	echo "control plane: http://127.0.0.1:$(DEMO_PORT) (OpenAPI: /docs, metrics: /metrics)"; \
-	echo "API token:     $$(cat $$SPARKPOINT_DATA_DIR/api-token)"; \
+	echo "API token:     $$(cat $$SPARKPOINT_DATA_DIR/api-token) (paste it into the dashboard's header to act)"; \
 	$(VENV)/bin/sparkpoint run jobs/examples/pv_count.py \
 		--checkpoint-dir file://$(abspath $(DEMO_DIR))/checkpoints --checkpoint-interval 1 \
 		--retained 5 --local-dir $(DEMO_DIR)/local \
-		--events 400000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output; \
+		--events 2400000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output; \
 	echo; \
 	echo "committed output:  $(DEMO_DIR)/output (files not starting with . or _)"; \
-	echo "checkpoints:       curl http://127.0.0.1:$(DEMO_PORT)/jobs, then /jobs/<id>/checkpoints"; \
-	echo "the control plane keeps running; Ctrl-C stops it"; \
+	echo "dashboard:         http://127.0.0.1:$(DEMO_DASHBOARD_PORT) (keeps running; Ctrl-C stops both)"; \
 	wait $$server
-
-clean:
-	rm -rf $(VENV) .sparkpoint .pytest_cache .mypy_cache .ruff_cache
