@@ -136,6 +136,8 @@ def _acks(session: Session, job_id: str, checkpoint_ids: list[int]) -> dict[int,
         CheckpointSubtask.ack.is_not(None),
     )
     for cid, raw in session.execute(stmt):
+        if raw is None:  # JSON null, written by versions before ``none_as_null``: no payload
+            continue
         ack = p.SnapshotCompleted.model_validate(raw)
         out[cid][(ack.operator_id, ack.subtask)] = ack
     return out

@@ -137,7 +137,10 @@ class CheckpointSubtask(Base):
     end_to_end_duration: Mapped[float | None] = mapped_column(Float)
     clock_flagged: Mapped[bool] = mapped_column(Boolean, default=False)
     declined_reason: Mapped[str | None] = mapped_column(Text)
-    ack: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the SnapshotCompleted payload
+    # The SnapshotCompleted payload. ``none_as_null``: a row written before its acknowledgement
+    # (by a barrier event) holds SQL NULL, which the upsert's COALESCE then fills; JSON ``null``
+    # would be kept over the acknowledgement.
+    ack: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
     # No foreign key to ``checkpoints``: rows are upserted in batches by the ingest and only
     # for checkpoints the coordinator knows; the primary key already leads with the checkpoint.

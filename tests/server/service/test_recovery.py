@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from service_harness import Harness
+from sqlalchemy import select
 
 from sparkpoint import protocol as p
-from sparkpoint_server.storage.models import Checkpoint, Job
+from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
 
 
 def _status(h: Harness, cid: int) -> str:
@@ -73,3 +74,36 @@ def test_a_decided_restart_and_uncommitted_completions_survive_a_restart(
         assert job is not None and job.status == "FAILED"
     chk = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}", "_metadata")
     assert os.path.isfile(chk)
+
+
+def test_acks_after_barrier_events_of_an_earlier_batch_are_kept_for_a_restart(
+    harness: Harness,
+) -> None:
+    """A subtask's row first written by its barrier (one batch), its acknowledgement later
+    (another batch): the acknowledgement is stored, and a restarted control plane rebuilds the
+    completed checkpoint from it."""
+    harness.start()
+    cid = harness.trigger_periodic()
+    now = harness.clock.now_ms()
+    harness.send(
+        1,
+        *harness.barriers(cid, epoch=3),
+        *(
+            p.BarrierReceived(
+                checkpoint_id=cid, operator_id="pv", subtask=i, channel=0, timestamp=now
+            )
+            for i in range(2)
+        ),
+    )
+    harness.ack_all(1, cid, sink=True)
+    with harness.sessions() as s:
+        acks = s.scalars(
+            select(CheckpointSubtask.ack).where(CheckpointSubtask.checkpoint_id == cid)
+        ).all()
+    assert len(acks) == 4
+    assert all(a is not None and a["checkpoint_id"] == cid for a in acks)
+
+    harness.new_control_plane()  # rebuilds the job from those acknowledgements
+
+    assert _status(harness, cid) == "COMPLETED"
+    assert harness.trigger_periodic() == cid + 1
