@@ -4,7 +4,8 @@ One job serves every test, in this order: the pages show what the API says (jobs
 checkpoints, one checkpoint's timeline), a savepoint triggered from the page completes, an
 invalid restart strategy is refused without a change, and last a restore to a retained
 checkpoint (it starts a new attempt, so it comes after the tests that read attempt 1). The
-browser console stays free of errors, and each page is saved to ``docs/screenshots/``.
+browser console stays free of errors, and each page is saved to ``docs/screenshots/``. The very
+last test stops the control plane: the banner says so, the page keeps its data.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from sparkpoint_dashboard import ids
-from tests.e2e.control_plane import TOKEN, wait_for
+from tests.e2e.control_plane import TOKEN, ServerProcess, wait_for
 
 from .conftest import Job
 from .dashboard_page import HEIGHT, WIDTH, DashboardPage, pattern_id_xpath
@@ -368,3 +369,27 @@ def test_no_page_logs_an_error_to_the_console(page: DashboardPage, job: Job) -> 
     page.wait("the timeline", lambda: page.figure(ids.CK_TIMELINE))
     errors = page.errors()
     assert errors == [], "\n".join(f"{e.page}: {e.level} {e.message}" for e in errors)
+
+
+# ----------------------------------------------------------------------------- the banner
+
+
+def test_an_unreachable_control_plane_shows_a_banner_and_the_page_keeps_its_data(
+    page: DashboardPage, job: Job, server: ServerProcess
+) -> None:
+    """Last (it stops the control plane): the banner names the problem, the rows stay, and
+    both recover when the control plane is back."""
+    page.open(f"{job_path(job)}/checkpoints", ids.CP_HISTORY_GRID)
+    rows = page.wait("history rows", lambda: page.grid_rows(ids.CP_HISTORY_GRID))
+    assert page.text(ids.BANNER) == ""
+
+    server.kill()
+    banner = page.wait(
+        "the banner", lambda: "not reachable" in page.text(ids.BANNER) and page.text(ids.BANNER)
+    )
+    assert server.url in banner
+    assert len(page.grid_rows(ids.CP_HISTORY_GRID)) == len(rows)  # what it had, not a blank page
+    page.screenshot("unreachable")
+
+    server.start()
+    page.wait("the banner to go", lambda: page.text(ids.BANNER) == "", timeout_s=60)
