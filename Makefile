@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo test bench bench-ss bench-control-plane lint format clean
+.PHONY: demo test bench bench-ss bench-control-plane bench-dashboard lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -31,6 +31,9 @@ bench: $(VENV)/.installed
 bench-control-plane: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_ingest.py
 	$(PY) tests/benchmarks/bench_api.py
+
+bench-dashboard: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_dashboard.py
 
 bench-ss: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_vs_structured_streaming.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -26,6 +27,9 @@ def serve(host: str, port: int, api_url: str | None = None) -> int:
         print(f"sparkpoint dashboard: invalid setting: {problems}", file=sys.stderr)
         return 2
     app = build_app(settings)
+    # Everything loaded so far (Dash, Plotly, the app) lives as long as the process: keep it out
+    # of the collector's full passes, which otherwise stall a refresh now and then.
+    gc.freeze()
     print(
         f"sparkpoint dashboard: http://{host}:{port} (control plane: {settings.api_url})",
         flush=True,
