@@ -8,7 +8,7 @@ from typing import Any
 from dash import html
 
 from sparkpoint_dashboard import ids
-from sparkpoint_dashboard.components.charts import Straggler
+from sparkpoint_dashboard.components.timeline import Straggler
 from sparkpoint_dashboard.pages.checkpoint import (
     checkpoint_views,
     failure_view,

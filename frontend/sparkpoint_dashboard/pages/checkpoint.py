@@ -12,13 +12,12 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient
 from sparkpoint_dashboard.components import job_header
-from sparkpoint_dashboard.components.charts import (
+from sparkpoint_dashboard.components.charts import empty_figure, type_label
+from sparkpoint_dashboard.components.timeline import (
     Straggler,
-    empty_figure,
     find_stragglers,
     subtask_phases,
     timeline_figure,
-    type_label,
 )
 from sparkpoint_dashboard.components.widgets import (
     badge,
