@@ -19,9 +19,10 @@ from typing import Any
 from fastapi import FastAPI
 
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.transport import Streams, redis_client
+from sparkpoint.transport import Streams, client_url, redis_client
 from sparkpoint_server.api import install_api
 from sparkpoint_server.config import Settings
+from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis
 from sparkpoint_server.service.control_plane import ControlPlane
@@ -80,12 +81,23 @@ class Runner:
             streams=self.streams,
             consumer=s.consumer_name,
             batch_size=s.ingest_batch,
+            on_health=self.control_plane.ingest_health,
+            dead_letter_maxlen=s.dead_letter_maxlen,
+            trim_interval_ms=round(s.stream_trim_interval * 1000),
+            verifier=self.control_plane.verify_event,
         )
         self.consumer.ensure_group()
+        retention = CommandStreamRetention(
+            client,
+            ended_jobs_in(sessions),
+            streams=self.streams,
+            grace_ms=round(s.command_stream_grace * 1000),
+        )
         if background:
             gc.freeze()  # what start-up allocated lives as long as the process
             gc.set_threshold(*GC_THRESHOLDS)
             self._spawn("sparkpoint-ingest", self.consumer.run, self._stop)
+            self._spawn("sparkpoint-retention", retention.run, self._stop, s.stream_trim_interval)
             self._spawn("sparkpoint-timers", self._timers)
 
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
@@ -125,7 +137,10 @@ def create_app(settings: Settings, *, runner: Runner | None = None) -> FastAPI:
         app.state.session_factory = runner.control_plane.sessions
         app.state.ingest_stats = runner.stats
         app.state.redis_url = runner.redis_url
-        log.info("control plane ready; jobs connect with REDIS_URL=%s", runner.redis_url)
+        log.info(
+            "control plane ready; jobs connect to Redis at %s",
+            client_url(redis_client(runner.redis_url)),  # the URL without its password
+        )
         try:
             yield
         finally:
@@ -135,7 +150,15 @@ def create_app(settings: Settings, *, runner: Runner | None = None) -> FastAPI:
         title="Sparkpoint control plane",
         description=(
             "Checkpoints of PySpark streaming jobs, coordinated the way Apache Flink does it. "
-            "Paths and field names follow Flink's REST API."
+            "Paths and field names follow Flink's REST API. Errors answer "
+            '`{"errors": ["<field>: <what is wrong>"]}`: 400 for invalid input (never 422), '
+            "401 without a valid token, 403 when its role is below the operation's, 404 for an "
+            "unknown job, checkpoint or request, 409 when the job's status does not allow the "
+            "request. Calls carry `Authorization: Bearer <token>` of a role: `viewer` (reads, "
+            "which need a token only when `SPARKPOINT_PROTECT_READS` is set), `operator` "
+            "(mutating calls on jobs), `admin` (`/tokens`, `/audit`; `SPARKPOINT_API_TOKEN` is "
+            "the bootstrap admin). Each operation declares the role it needs "
+            "(`x-required-role`). Every mutating call is recorded in the audit log."
         ),
         version="0.1.0",
         lifespan=lifespan,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sparkpoint_server.errors import SettingsError
@@ -18,15 +18,44 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default=Path(".sparkpoint/server"))
     api_token: str | None = None
-    protect_reads: bool = False  # reads need the token too
+    protect_reads: bool = False  # reads need a token (of any role) too
+    # The audit log of mutating calls keeps about this many of its newest rows (api/audit.py).
+    audit_retention: int = Field(default=100_000, ge=1, le=100_000_000)
     redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     embedded_redis_port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port
     stream_prefix: str = Field(default="sparkpoint", pattern=r"^[A-Za-z0-9_.-]+$")
     consumer_name: str = "control-plane"
     ingest_batch: int = Field(default=1000, ge=1, le=100_000)
+    # Redis retention: about how many dead letters are kept; how often (seconds) acknowledged
+    # events are trimmed and ended jobs' command streams deleted; how long (seconds) an
+    # unacknowledged command of an ended job is kept (ingest/command_streams.py).
+    dead_letter_maxlen: int = Field(default=100_000, ge=100, le=100_000_000)
+    stream_trim_interval: float = Field(default=1.0, gt=0, le=3600)
+    command_stream_grace: float = Field(default=300.0, ge=0, le=86_400 * 30)
     tick_ms: int = Field(default=50, ge=5, le=10_000)  # timers: triggers, timeouts, restarts
     default_history: int = Field(default=100, ge=1, le=10_000)
+    # Flink's heartbeat.timeout, in seconds: a connected job whose driver sent no heartbeat
+    # for this long fails over (its driver process is gone).
+    heartbeat_timeout: float = Field(default=50.0, gt=0, le=86_400)
+    # Checkpoint storage: seconds one storage call may take, and where the control plane may
+    # read and write (comma-separated URLs or paths; unset: see service/storage_io.py).
+    storage_timeout: float = Field(default=30.0, gt=0, le=3600)
+    storage_roots: str | None = None
+
+    @field_validator("storage_roots")
+    @classmethod
+    def _storage_roots(cls, value: str | None) -> str | None:
+        for root in (r.strip() for r in (value or "").split(",")):
+            if root and not (root.startswith("/") or "://" in root):
+                raise ValueError(f"{root!r} is neither an absolute path nor a URL")
+            if root.startswith("memory://"):
+                raise ValueError(f"{root!r} is in the control plane's memory: no job can read it")
+        return value
+
+    @property
+    def heartbeat_timeout_ms(self) -> int:
+        return max(1, round(self.heartbeat_timeout * 1000))
 
     @property
     def effective_database_url(self) -> str:

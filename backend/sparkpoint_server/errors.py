@@ -53,6 +53,13 @@ class SettingsError(ControlPlaneError):
     """The control plane's settings (environment) are invalid."""
 
 
+class StorageUnavailableError(ControlPlaneError):
+    """Checkpoint storage failed or did not answer within ``SPARKPOINT_STORAGE_TIMEOUT``; the
+    message names the path and the cause."""
+
+    status_code = 503
+
+
 class CorruptCheckpointError(ControlPlaneError):
     """A checkpoint or savepoint to restore exists but its files fail their checksums."""
 

@@ -11,9 +11,13 @@ import uvicorn
 
 from sparkpoint_server.app import create_app
 from sparkpoint_server.config import Settings, load_settings
+from sparkpoint_server.data_dir_lock import DataDirectoryInUseError, DataDirectoryLock
 from sparkpoint_server.errors import SettingsError
 
 TOKEN_FILE = "api-token"
+#: The shortest API token the server accepts (from ``SPARKPOINT_API_TOKEN`` or the token file):
+#: an empty or short token would leave the API open or guessable.
+MIN_API_TOKEN_LENGTH = 16
 
 
 def ensure_token(settings: Settings) -> tuple[Settings, bool]:
@@ -22,12 +26,17 @@ def ensure_token(settings: Settings) -> tuple[Settings, bool]:
 
     Returns:
         The settings and whether the token was generated here (to print it).
+
+    Raises:
+        SettingsError: the variable (even set to an empty value) or the file holds a token
+            shorter than ``MIN_API_TOKEN_LENGTH``: the server never runs with an open API.
     """
-    if settings.api_token:
+    if settings.api_token is not None:
+        check_api_token(settings.api_token, "SPARKPOINT_API_TOKEN")
         return settings, False
     path = settings.data_dir / TOKEN_FILE
     if path.is_file():
-        token = path.read_text().strip()
+        token = check_api_token(path.read_text().strip(), str(path))
         generated = False
     else:
         token = secrets.token_urlsafe(24)
@@ -38,20 +47,60 @@ def ensure_token(settings: Settings) -> tuple[Settings, bool]:
     return settings.model_copy(update={"api_token": token}), generated
 
 
+def check_api_token(token: str, source: str) -> str:
+    """``token`` when it is long enough to protect the API.
+
+    Args:
+        token: The token.
+        source: Where it came from, for the message (the variable or the file).
+
+    Raises:
+        SettingsError: naming ``source`` when the token, without surrounding whitespace, is
+            empty or shorter than :data:`MIN_API_TOKEN_LENGTH`.
+    """
+    length = len(token.strip())
+    if length < MIN_API_TOKEN_LENGTH:
+        what = "empty" if not length else f"{length} characters long"
+        raise SettingsError(
+            f"the API token in {source} is {what}; it needs at least {MIN_API_TOKEN_LENGTH} "
+            "characters (unset SPARKPOINT_API_TOKEN and delete the token file to have one "
+            "generated)"
+        )
+    return token
+
+
 def serve(host: str, port: int) -> int:
-    """Run the control plane until interrupted; returns the exit status."""
+    """Run the control plane until interrupted; returns the exit status (2: bad settings, an
+    API token that is empty or too short, or another server holds the data directory)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         given = load_settings()
+    except SettingsError as err:
+        print(f"sparkpoint server: {err}", file=sys.stderr)
+        return 2
+    lock = DataDirectoryLock(given.data_dir)
+    try:
+        lock.acquire()  # before anything in the data directory is touched
+    except DataDirectoryInUseError as err:
+        print(f"sparkpoint server: {err}", file=sys.stderr)
+        return 2
+    try:
+        return _serve_locked(host, port, given)
+    finally:
+        lock.release()
+
+
+def _serve_locked(host: str, port: int, given: Settings) -> int:
+    try:
         settings, _generated = ensure_token(given)
     except SettingsError as err:
         print(f"sparkpoint server: {err}", file=sys.stderr)
         return 2
     token = (
         "from SPARKPOINT_API_TOKEN"  # the operator's own secret is not echoed into logs
-        if given.api_token
+        if given.api_token is not None
         else f"{settings.api_token} (kept in {settings.data_dir / TOKEN_FILE})"
     )
     print(

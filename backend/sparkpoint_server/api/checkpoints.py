@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query
+from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import JSONResponse
 
+from sparkpoint.limits import MAX_PARALLELISM
 from sparkpoint_server.api.deps import (
     ControlPlaneDep,
     SessionsDep,
@@ -19,15 +20,29 @@ from sparkpoint_server.api.deps import (
     json_response,
     require_token,
 )
-from sparkpoint_server.api.schemas import CheckpointConfigPatch, TriggerCheckpointRequest
+from sparkpoint_server.api.responses import (
+    CheckpointConfigAnswer,
+    CheckpointDetails,
+    CheckpointStatistics,
+    OperationStatus,
+    OperatorDetails,
+    RequestAccepted,
+    answer,
+    errors,
+)
+from sparkpoint_server.api.schemas import (
+    CheckpointConfigPatch,
+    CheckpointId,
+    JobId,
+    OperatorId,
+    RequestId,
+    TriggerCheckpointRequest,
+)
 from sparkpoint_server.storage import checkpoint_stats, queries
 
 router = APIRouter(tags=["checkpoints"], dependencies=[Depends(require_token)])
 
-JobId = Annotated[str, Path(description="The job's id.", max_length=64)]
-CheckpointId = Annotated[int, Path(ge=1, description="The checkpoint's id.")]
-OperatorId = Annotated[str, Path(description="The operator (vertex) uid.", max_length=200)]
-RequestId = Annotated[str, Path(description="The id a trigger answered.", max_length=36)]
+SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
 
 
 @router.get(
@@ -40,6 +55,7 @@ RequestId = Annotated[str, Path(description="The id a trigger answered.", max_le
     "checkpoint entry also has the `epoch` that carried its barrier and that epoch's "
     "`spark-job-group` in the Spark UI (both null until a source injected the barrier).",
     response_model=None,
+    responses={**answer(CheckpointStatistics), **errors(404)},
 )
 def get_checkpoints(
     job_id: JobId,
@@ -62,6 +78,7 @@ def get_checkpoints(
     "poll `GET /jobs/{job_id}/checkpoints/{request_id}`.",
     status_code=202,
     response_model=None,
+    responses={**answer(RequestAccepted, 202), **errors(404, 409, 503)},
 )
 def trigger_checkpoint(
     job_id: JobId,
@@ -80,6 +97,7 @@ def trigger_checkpoint(
     description="Mode, interval, timeout, minimum pause, max concurrent, tolerable failures, "
     "retained count, state backend and storage; `changeable` lists what PATCH accepts.",
     response_model=None,
+    responses={**answer(CheckpointConfigAnswer), **errors(404)},
 )
 def get_checkpoint_config(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:
@@ -93,6 +111,7 @@ def get_checkpoint_config(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     " and `retained`; they apply from the next trigger. `mode` and `max_concurrent` change "
     "only when the job (re)starts. Answers with the GET shape.",
     response_model=None,
+    responses={**answer(CheckpointConfigAnswer), **errors(404, 409, 503)},
 )
 def patch_checkpoint_config(
     job_id: JobId,
@@ -116,6 +135,7 @@ def patch_checkpoint_config(
     "plus `tasks`: per operator, its status, acknowledged subtasks, sizes, slowest "
     "end-to-end duration and buffered bytes.",
     response_model=None,
+    responses={**answer(CheckpointDetails), **errors(404)},
 )
 def get_checkpoint_details(
     job_id: JobId, checkpoint_id: CheckpointId, sessions: SessionsDep
@@ -128,16 +148,29 @@ def get_checkpoint_details(
     "/jobs/{job_id}/checkpoints/details/{checkpoint_id}/subtasks/{operator_id}",
     summary="One operator of one checkpoint",
     description="The operator's task entry, a `summary` (min/max/avg of sizes, durations, "
-    "alignment, start delay) and every subtask: barrier, alignment, sync and async parts, "
-    "acknowledgement and state handles (never inline bytes). Alignment on Spark reflects "
-    "input skew and read order, not network backpressure (Spark's shuffle is blocking).",
+    "alignment, start delay, over every subtask) and its subtasks: barrier, alignment, sync "
+    "and async parts, acknowledgement and state handles (never inline bytes; each with its "
+    "`format` and, for a native incremental snapshot, the `shared` files it references). "
+    "`subtasks` "
+    f"holds `limit` of them (default {SUBTASKS_PAGE}) from index `offset`; `num_subtasks` "
+    "says how many there are. Alignment on Spark reflects input skew and read order, not "
+    "network backpressure (Spark's shuffle is blocking).",
     response_model=None,
+    responses={**answer(OperatorDetails), **errors(404)},
 )
 def get_subtask_details(
-    job_id: JobId, checkpoint_id: CheckpointId, operator_id: OperatorId, sessions: SessionsDep
+    job_id: JobId,
+    checkpoint_id: CheckpointId,
+    operator_id: OperatorId,
+    sessions: SessionsDep,
+    offset: Annotated[int, Query(ge=0, lt=MAX_PARALLELISM, description="First subtask.")] = 0,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_PARALLELISM, description="How many subtasks.")
+    ] = SUBTASKS_PAGE,
 ) -> JSONResponse:
     with sessions() as session:
         details = checkpoint_stats.subtask_details(session, job_id, checkpoint_id, operator_id)
+    details["subtasks"] = details["subtasks"][offset : offset + limit]
     return json_response(details)
 
 
@@ -147,6 +180,7 @@ def get_subtask_details(
     description="`status.id` IN_PROGRESS or COMPLETED; when completed, `operation.checkpointId`"
     " or, if it failed, `operation.failure-cause` (and `failed: true`).",
     response_model=None,
+    responses={**answer(OperationStatus), **errors(404)},
 )
 def get_checkpoint_trigger_status(
     job_id: JobId, request_id: RequestId, sessions: SessionsDep

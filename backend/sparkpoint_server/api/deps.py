@@ -1,4 +1,4 @@
-"""What the routes depend on: the token check, settings, sessions, the clock, the service.
+"""What the routes depend on: the token and role check, settings, sessions, the clock, the service.
 
 Everything comes from ``app.state``, filled by ``sparkpoint_server.app`` (``settings``,
 ``session_factory``, ``control_plane``, ``ingest_stats`` and, optionally, ``clock``) and by
@@ -9,26 +9,31 @@ in a worker thread.
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint_server.api.auth import (
+    Role,
+    Unauthenticated,
+    authorize,
+    identify,
+    required_role,
+)
 from sparkpoint_server.api.errors import ControlPlaneUnavailableError
 from sparkpoint_server.config import Settings
 from sparkpoint_server.errors import NotAuthenticatedError
 from sparkpoint_server.storage.checkpoint_summary import CheckpointSummaries
 
-MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
 _bearer = HTTPBearer(
     auto_error=False,
-    description="`Authorization: Bearer <SPARKPOINT_API_TOKEN>`: needed by every mutating "
-    "call, and by reads when `SPARKPOINT_PROTECT_READS` is set.",
+    description="`Authorization: Bearer <token>`: a token of the role the operation needs "
+    "(viewer, operator, admin).",
 )
 
 
@@ -75,27 +80,39 @@ async def require_token(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    """Refuse a call without the configured bearer token (mutating calls; reads if protected).
+    """Refuse a call whose bearer token's role is below what the operation needs
+    (``auth.required_role``: operator for mutating calls, admin for ``/tokens`` and ``/audit``,
+    viewer for reads when they are protected).
 
-    No token configured: every call is allowed (local development; the settings refuse that
-    outside local use).
+    No token configured (``None``: an app built without ``sparkpoint server``, which always
+    has one): every call is allowed. An empty token refuses every call it protects. The
+    caller is kept in ``request.state.principal`` for the audit log (``api/audit_trail.py``).
 
     Raises:
-        NotAuthenticatedError: the token is missing or wrong.
+        NotAuthenticatedError: the token is missing, unknown, revoked or expired (401).
+        PermissionDeniedError: the token's role is below the one needed (403).
     """
     settings: Settings = request.app.state.settings
-    expected = settings.api_token
-    if not expected:
+    route = request.scope.get("route")
+    path = getattr(route, "path", None) or request.url.path
+    needed = required_role(request.method, path, settings)
+    if needed is None:
         return
-    if request.method not in MUTATING_METHODS and not settings.protect_reads:
-        return
-    what = "this call" if request.method in MUTATING_METHODS else "reads (protect_reads is on)"
-    if credentials is None:
-        raise NotAuthenticatedError(
-            f"a bearer token is required for {what}: send 'Authorization: Bearer <token>'"
+    what = "reads (protect_reads is on)" if needed is Role.VIEWER else "this call"
+    if not settings.api_token:
+        raise NotAuthenticatedError(f"the API token is empty: {what} cannot be authenticated")
+    clock: Clock = await get_clock(request)
+    secret = credentials.credentials if credentials is not None else None
+    sessions = getattr(request.app.state, "session_factory", None)
+    try:
+        principal = await run_in_threadpool(
+            identify, secret, what, settings, sessions, clock.now_ms()
         )
-    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
-        raise NotAuthenticatedError(f"the bearer token is wrong for {what}")
+    except Unauthenticated as err:
+        request.state.principal = err.principal
+        raise
+    request.state.principal = principal
+    authorize(principal, needed)
 
 
 async def get_settings(request: Request) -> Settings:

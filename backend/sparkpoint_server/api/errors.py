@@ -5,7 +5,8 @@
 - a :class:`~sparkpoint_server.errors.ControlPlaneError` to its ``status_code``;
 - invalid input (body, query or path) to 400, one ``"<field>: <what is wrong>"`` per problem
   (never FastAPI's 422 dump);
-- an unknown route to 404 ``"Not found: <path>"``, a wrong method to 405;
+- an unknown route to 404 ``"Not found: <path>"``, a wrong method to 405 with ``Allow``
+  naming every method of the path;
 - anything else to 500 ``"internal error: <ExceptionType>"``, logged with its stack trace,
   which never reaches the body.
 """
@@ -20,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route, compile_path
 
 from sparkpoint_server.errors import ControlPlaneError, NotAuthenticatedError
 
@@ -83,8 +85,26 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         return error_response(404, f"Not found: {request.url.path}", **headers)
     if exc.status_code == 405:
         message = f"Method not allowed: {request.method} {request.url.path}"
+        headers["Allow"] = ", ".join(allowed_methods(request))
         return error_response(405, message, **headers)
     return error_response(exc.status_code, str(exc.detail), **headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the request's path has (Starlette's 405 names only its first route's):
+    the operations the OpenAPI document lists at a matching path, the app's own routes
+    (``/openapi.json``, ``/docs``), and HEAD wherever GET is."""
+    scope = {key: request.scope[key] for key in ("type", "path", "root_path", "method")}
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods or set()
+    for path, operations in request.app.openapi().get("paths", {}).items():
+        if compile_path(path)[0].match(request.url.path):
+            methods |= {method.upper() for method in operations}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from sparkpoint_server.api.deps import SessionsDep, json_response
+from sparkpoint_server.api.responses import Health, Unhealthy, answer
 from sparkpoint_server.storage.queries import ping
 
 router = APIRouter(tags=["health"])
@@ -18,6 +19,7 @@ router = APIRouter(tags=["health"])
     description='`{"status": "ok"}` when the database answers `SELECT 1`; otherwise 503 '
     "with the database error. Never needs a token.",
     response_model=None,
+    responses={**answer(Health), **answer(Unhealthy, 503)},
 )
 def healthz(sessions: SessionsDep) -> JSONResponse:
     try:

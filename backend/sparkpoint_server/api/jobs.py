@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 
+from sparkpoint.limits import MAX_INT
 from sparkpoint_server.api.deps import (
     ClockDep,
     ControlPlaneDep,
@@ -15,27 +16,44 @@ from sparkpoint_server.api.deps import (
     json_response,
     require_token,
 )
+from sparkpoint_server.api.responses import (
+    ExceptionHistory,
+    JobDetails,
+    JobList,
+    RequestAccepted,
+    ThroughputSample,
+    answer,
+    errors,
+)
+from sparkpoint_server.api.schemas import JobId
 from sparkpoint_server.errors import InvalidRequestError
 from sparkpoint_server.storage import queries
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_token)])
 
-JobId = Annotated[str, Path(description="The job's id.", max_length=64)]
 History = Annotated[int | None, Query(ge=1, le=10_000, description="How many entries.")]
 
 
 @router.get(
     "/jobs",
     summary="List jobs",
-    description="Every job, newest first: status, times, attempt, restarts, its last finished "
-    "checkpoint (`last-checkpoint`: the newest completed or failed one, with its outcome and "
-    "when it finished) and its current records per second.",
+    description="The jobs, newest first, `limit` of them (default 1000) after skipping "
+    "`offset`; `total` counts them all. Each: status, times, attempt, restarts, its last "
+    "finished checkpoint (`last-checkpoint`: the newest completed or failed one, with its "
+    "outcome and when it finished), its current records per second and its end-to-end "
+    "`guarantee`.",
     response_model=None,
+    responses={**answer(JobList), **errors(400)},
 )
-def list_jobs(sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
+def list_jobs(
+    sessions: SessionsDep,
+    clock: ClockDep,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="How many jobs.")] = 1000,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Jobs skipped.")] = 0,
+) -> JSONResponse:
     with sessions() as session:
-        jobs = queries.list_jobs(session, clock.now_ms())
-    return json_response({"jobs": jobs})
+        jobs, total = queries.list_jobs(session, clock.now_ms(), limit=limit, offset=offset)
+    return json_response({"jobs": jobs, "total": total})
 
 
 @router.get(
@@ -44,8 +62,14 @@ def list_jobs(sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
     description="Flink's job detail (`jid`, `state`, `vertices`, `timestamps`...) plus the "
     "status history, the latest heartbeat's throughput, the registered configuration and "
     "`spark`: the `ui-url` and `application-id` of the current driver's Spark application "
-    "(null until the driver reports RUNNING; `ui-url` also when the Spark UI is off).",
+    "(null until the driver reports RUNNING; `ui-url` also when the Spark UI is off) and its "
+    "`executors` after the latest epoch (`id`, `host`, `cores`, `active`, and for a lost one "
+    "Spark's `remove-reason`; null from a driver that does not report them). "
+    "`guarantee`: the end-to-end delivery guarantee its sources and sinks give "
+    "(`exactly_once`, `at_least_once`, `at_most_once`) with the `reason` when it is weaker, "
+    "null when the driver did not report one.",
     response_model=None,
+    responses={**answer(JobDetails), **errors(404)},
 )
 def job_details(job_id: JobId, sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
     with sessions() as session:
@@ -59,12 +83,15 @@ def job_details(job_id: JobId, sessions: SessionsDep, clock: ClockDep) -> JSONRe
     "(use `POST /jobs/{job_id}/stop` to stop with one). Answers 202 with the request id.",
     status_code=202,
     response_model=None,
+    responses={**answer(RequestAccepted, 202), **errors(404, 409, 503)},
 )
 def cancel_job(
     job_id: JobId,
     sessions: SessionsDep,
     control_plane: ControlPlaneDep,
-    mode: Annotated[str, Query(description="Only `cancel`.")] = "cancel",
+    mode: Annotated[
+        str, Query(description="Only `cancel`.", json_schema_extra={"enum": ["cancel"]})
+    ] = "cancel",
 ) -> JSONResponse:
     if mode != "cancel":
         raise InvalidRequestError(
@@ -83,6 +110,7 @@ def cancel_job(
     description="The job's last `limit` heartbeats (one per accepted epoch), oldest first: "
     "records, records per second, source lag and epoch duration.",
     response_model=None,
+    responses={**answer(list[ThroughputSample], description="Oldest first."), **errors(404)},
 )
 def job_throughput(
     job_id: JobId,
@@ -99,6 +127,7 @@ def job_throughput(
     description="Flink's `exceptionHistory`: the job's failures newest first, each with what "
     "the restart strategy decided (`action`); `truncated` when older ones exist.",
     response_model=None,
+    responses={**answer(ExceptionHistory), **errors(404)},
 )
 def job_exceptions(
     job_id: JobId, sessions: SessionsDep, settings: SettingsDep, limit: History = None

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Body, Depends
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from sparkpoint_server.api.deps import ControlPlaneDep, SessionsDep, json_response, require_token
+from sparkpoint_server.api.responses import (
+    OperationStatus,
+    RequestAccepted,
+    RestoreAccepted,
+    answer,
+    errors,
+)
 from sparkpoint_server.api.schemas import (
+    JobId,
+    RequestId,
     RestoreRequest,
     StopWithSavepointRequest,
     TriggerSavepointRequest,
@@ -24,8 +33,6 @@ from sparkpoint_server.storage import queries
 
 router = APIRouter(tags=["savepoints, stop and restore"], dependencies=[Depends(require_token)])
 
-JobId = Annotated[str, Path(description="The job's id.", max_length=64)]
-RequestId = Annotated[str, Path(description="The id the trigger answered.", max_length=36)]
 LISTED_IDS = 10  # a warning names at most this many checkpoints
 
 
@@ -37,6 +44,7 @@ LISTED_IDS = 10  # a warning names at most this many checkpoints
     "`request-id`.",
     status_code=202,
     response_model=None,
+    responses={**answer(RequestAccepted, 202), **errors(404, 409, 503)},
 )
 def trigger_savepoint(
     job_id: JobId,
@@ -57,6 +65,7 @@ def trigger_savepoint(
     description="`status.id` IN_PROGRESS or COMPLETED; `operation.location` or, if it failed, "
     "`operation.failure-cause` (and `failed: true`).",
     response_model=None,
+    responses={**answer(OperationStatus), **errors(404)},
 )
 def savepoint_status(job_id: JobId, request_id: RequestId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:
@@ -70,6 +79,7 @@ def savepoint_status(job_id: JobId, request_id: RequestId, sessions: SessionsDep
     " and finishes the job. Answers 202 with the `request-id`.",
     status_code=202,
     response_model=None,
+    responses={**answer(RequestAccepted, 202), **errors(404, 409, 503)},
 )
 def stop_with_savepoint(
     job_id: JobId,
@@ -89,6 +99,7 @@ def stop_with_savepoint(
     summary="Status of a stop with savepoint",
     description="As the savepoint status: `operation.location` of the final savepoint.",
     response_model=None,
+    responses={**answer(OperationStatus), **errors(404)},
 )
 def stop_status(job_id: JobId, request_id: RequestId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:
@@ -104,6 +115,7 @@ def stop_status(job_id: JobId, request_id: RequestId, sessions: SessionsDep) -> 
     "un-commit, so their output will be produced again.",
     status_code=202,
     response_model=None,
+    responses={**answer(RestoreAccepted, 202), **errors(404, 409, 422, 503)},
 )
 def restore(
     job_id: JobId, body: RestoreRequest, sessions: SessionsDep, control_plane: ControlPlaneDep
@@ -121,6 +133,7 @@ def restore(
     description="`status.id` IN_PROGRESS or COMPLETED (the job runs again from the checkpoint:"
     " `operation.checkpointId`, `operation.location`), or `operation.failure-cause`.",
     response_model=None,
+    responses={**answer(OperationStatus), **errors(404)},
 )
 def restore_status(job_id: JobId, request_id: RequestId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:

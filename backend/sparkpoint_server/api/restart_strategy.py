@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Body, Depends
 from fastapi.responses import JSONResponse
 
 from sparkpoint.checkpointing.restart import (
@@ -16,14 +16,25 @@ from sparkpoint.checkpointing.restart import (
 from sparkpoint.errors import ConfigurationError
 from sparkpoint_server.api.deps import ControlPlaneDep, SessionsDep, json_response, require_token
 from sparkpoint_server.api.errors import InvalidConfigurationError
+from sparkpoint_server.api.responses import RestartStrategyAnswer, answer, errors
+from sparkpoint_server.api.schemas import JobId
 from sparkpoint_server.errors import InvalidRequestError
 from sparkpoint_server.storage import queries
 
 router = APIRouter(tags=["restart strategy"], dependencies=[Depends(require_token)])
 
-JobId = Annotated[str, Path(description="The job's id.", max_length=64)]
 TYPES = "none, off, disable, fixed-delay, fixeddelay, failure-rate, failurerate, "
 TYPES += "exponential-delay, exponentialdelay"
+
+#: The body's JSON Schema: the type and Flink's options, each a string or a number.
+BODY_SCHEMA: dict[str, Any] = {
+    "properties": {
+        TYPE_KEY: {"type": "string", "description": f"One of {TYPES} (any case)."},
+        **{key: {"type": ["string", "number"]} for key in DEFAULTS},
+    },
+    "required": [TYPE_KEY],
+    "additionalProperties": False,
+}
 
 EXAMPLE = {
     "restart-strategy.type": "fixed-delay",
@@ -72,6 +83,7 @@ def validate_restart_strategy(conf: dict[str, Any]) -> dict[str, ConfigValue]:
     summary="Restart strategy",
     description="The job's restart strategy as Flink options, plus a one-line `description`.",
     response_model=None,
+    responses={**answer(RestartStrategyAnswer), **errors(404)},
 )
 def get_restart_strategy(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:
@@ -85,10 +97,14 @@ def get_restart_strategy(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     "`restart-strategy.<type>.*` keys (missing ones take Flink's defaults). Applies to the "
     "next failure. Answers with the GET shape.",
     response_model=None,
+    responses={**answer(RestartStrategyAnswer), **errors(404, 409, 503)},
 )
 def put_restart_strategy(
     job_id: JobId,
-    conf: Annotated[dict[str, Any], Body(openapi_examples={"fixed-delay": {"value": EXAMPLE}})],
+    conf: Annotated[
+        dict[str, Any],
+        Body(openapi_examples={"fixed-delay": {"value": EXAMPLE}}, json_schema_extra=BODY_SCHEMA),
+    ],
     sessions: SessionsDep,
     control_plane: ControlPlaneDep,
 ) -> JSONResponse:

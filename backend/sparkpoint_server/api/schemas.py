@@ -1,18 +1,29 @@
-"""Request bodies of the mutating routes, with Flink's (hyphenated or camelCase) field names.
+"""The REST API's inputs: path parameters, and request bodies with Flink's field names.
 
 Unknown fields are refused (the error names them), integers and booleans must be JSON
-integers and booleans (no ``"5"`` for 5), and each model says in its validators what a valid
-combination of fields is. Responses are plain dicts (see ``storage/queries.py``).
+integers and booleans (no ``"5"`` for 5), every number has the bounds of ``sparkpoint.limits``
+(so that nothing reaches the database that it cannot hold), and each model says in its
+validators what a valid combination of fields is. Responses are plain dicts (see
+``storage/queries.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from sparkpoint.limits import MAX_DURATION_MS, MAX_INT, MAX_JOB_ID_LENGTH, MAX_NAME_LENGTH
 from sparkpoint_server.storage.queries import CHANGEABLE, CONFIG_KEYS
+
+JobId = Annotated[str, Path(description="The job's id.", max_length=MAX_JOB_ID_LENGTH)]
+CheckpointId = Annotated[int, Path(ge=1, le=MAX_INT, description="The checkpoint's id.")]
+OperatorId = Annotated[
+    str, Path(description="The operator (vertex) uid.", max_length=MAX_NAME_LENGTH)
+]
+RequestId = Annotated[str, Path(description="The id a trigger answered.", max_length=36)]
 
 _FIELDS = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -74,13 +85,41 @@ class StopWithSavepointRequest(BaseModel):
         return self.target_directory_camel or self.target_directory_hyphen
 
 
+def _exactly_one_of(*names: str, types: dict[str, str]) -> dict[str, Any]:
+    """JSON Schema: exactly one of ``names`` is given and not null."""
+    return {
+        "oneOf": [
+            {"required": [name], "properties": {name: {"type": types[name]}}} for name in names
+        ]
+    }
+
+
+def _any_of(*names: str) -> dict[str, Any]:
+    """JSON Schema: at least one of ``names`` (integers) is given and not null."""
+    return {
+        "anyOf": [{"required": [name], "properties": {name: {"type": "integer"}}} for name in names]
+    }
+
+
 class RestoreRequest(BaseModel):
     """``POST /jobs/{id}/restore``: exactly one of ``checkpoint_id`` and ``savepoint_path``."""
 
-    model_config = _FIELDS
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra=_exactly_one_of(
+            "checkpoint_id",
+            "savepoint_path",
+            types={"checkpoint_id": "integer", "savepoint_path": "string"},
+        ),
+    )
 
     checkpoint_id: int | None = Field(
-        default=None, ge=1, strict=True, description="A retained checkpoint of this job."
+        default=None,
+        ge=1,
+        le=MAX_INT,
+        strict=True,
+        description="A retained checkpoint of this job.",
     )
     savepoint_path: str | None = Field(
         default=None, min_length=1, description="A savepoint's directory (or its _metadata)."
@@ -106,22 +145,40 @@ class CheckpointConfigPatch(BaseModel):
     fixed when the job (re)starts.
     """
 
-    model_config = _FIELDS
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, json_schema_extra=_any_of(*CHANGEABLE)
+    )
 
     interval: int | None = Field(
-        default=None, ge=0, strict=True, description="ms between checkpoints; 0: periodic off"
+        default=None,
+        ge=0,
+        le=MAX_DURATION_MS,
+        strict=True,
+        description="ms between checkpoints; 0: periodic off",
     )
     timeout: int | None = Field(
-        default=None, ge=1, strict=True, description="ms before a pending checkpoint expires"
+        default=None,
+        ge=1,
+        le=MAX_DURATION_MS,
+        strict=True,
+        description="ms before a pending checkpoint expires",
     )
     min_pause: int | None = Field(
-        default=None, ge=0, strict=True, description="ms between a checkpoint and the next"
+        default=None,
+        ge=0,
+        le=MAX_DURATION_MS,
+        strict=True,
+        description="ms between a checkpoint and the next",
     )
     tolerable_failed_checkpoints: int | None = Field(
-        default=None, ge=0, strict=True, description="consecutive failures before failover"
+        default=None,
+        ge=0,
+        le=MAX_INT,
+        strict=True,
+        description="consecutive failures before failover",
     )
     retained: int | None = Field(
-        default=None, ge=1, strict=True, description="completed checkpoints kept"
+        default=None, ge=1, le=MAX_INT, strict=True, description="completed checkpoints kept"
     )
     mode: SkipJsonSchema[Any] = None
     max_concurrent: SkipJsonSchema[Any] = None

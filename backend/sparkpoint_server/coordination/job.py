@@ -12,11 +12,13 @@ from typing import Any
 
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.checkpointing.coordinator import CheckpointCoordinator
+from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.checkpointing.restart import RestartStrategy, restart_strategy_from_config
 from sparkpoint.checkpointing.storage import CheckpointStorage, checkpoint_storage_from_options
 from sparkpoint.clock import Clock
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import CheckpointingMode, JobStatus
+from sparkpoint_server.coordination.heartbeat import DriverHeartbeatMonitor
 
 TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.CANCELED, JobStatus.FAILED})
 
@@ -91,6 +93,21 @@ def tasks_of(graph: dict[str, Any]) -> dict[str, int]:
 
 
 @dataclass
+class Finalizing:
+    """A completed checkpoint whose ``_metadata`` (a savepoint: its copy) is being written,
+    outside the coordination lock; it is recorded, notified and may subsume others only then."""
+
+    checkpoint: CompletedCheckpoint
+    savepoint_target: str
+    written: Any = None  # the write's future, once its unit committed
+    taken_back: bool = False  # failed before the write ended (a failover): discard when it does
+
+    @property
+    def done(self) -> bool:
+        return self.written is not None and self.written.done()
+
+
+@dataclass
 class JobRuntime:
     """Everything the control plane decides with about one job, in memory."""
 
@@ -110,11 +127,23 @@ class JobRuntime:
     cancel_after: set[int] = field(default_factory=set)  # savepoints with cancel-job
     savepoint_targets: dict[int, str] = field(default_factory=dict)  # savepoint id -> dir
     operations: dict[int, str] = field(default_factory=dict)  # checkpoint id -> request id
+    # Manual checkpoint requests that came while max_concurrent checkpoints were pending, in
+    # order (Flink's CheckpointRequestDecider queues them): request ids, triggered first.
+    queued_checkpoints: list[str] = field(default_factory=list)
     restore_request: tuple[int, str] | None = None  # (attempt it starts, request id)
     restore_pin: int | None = None  # the checkpoint a pending restore needs
     cancel_request: str | None = None
     start_command: Any = None  # the last ``restore`` sent: a duplicate registration gets it again
     uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
+    heartbeat: DriverHeartbeatMonitor | None = None  # None: no driver is watched
+    driver_lost: bool = False  # its driver's silence failed it over; no driver registered since
+    finalizing: dict[int, Finalizing] = field(default_factory=dict)  # checkpoint id -> write
+    # Rebuilt from rows of a checkpoint every subtask acknowledged whose completion was not
+    # recorded (a crash, a failed unit): (attempt, last ack), applied again at the next tick.
+    held_acks: list[tuple[int, Any]] = field(default_factory=list)
+    # The check of a due restart's checkpoint files, running outside the lock
+    # (``service.failover.FailoverCheck``); None: none runs.
+    failover_check: Any = None
 
     @property
     def attempt(self) -> int:

@@ -4,8 +4,13 @@
 passes the decoded events, in stream order, to an :data:`IngestHandler` that commits their
 effect to the database. An event is acknowledged only after that handler returned, so a
 crash re-reads it (delivery is at-least-once, the handlers are idempotent). Events that
-cannot be decoded, and events that make the handler fail on their own, go to the
-dead-letter stream with the reason; the consumer never stops on a bad event.
+cannot be decoded, events the handler rejects and events that make the handler fail on their
+own go to the dead-letter stream with the reason, a batch of them in one Redis transaction:
+the consumer never stops on a bad event, and a flood of them does not hold up the others. With
+a ``verifier`` (the control plane's), an unsigned or forged event (``sparkpoint.signing``) is
+dead-lettered with the reason before anything of it is applied.
+Every ``trim_interval_ms`` it removes the events the group acknowledged from the stream; the
+dead-letter stream keeps about ``dead_letter_maxlen`` entries.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import redis
 
 from sparkpoint import protocol
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.stream_retention import trim_acknowledged
 from sparkpoint.transport import (
     EVENTS_GROUP,
     FIELD,
@@ -32,9 +38,22 @@ from sparkpoint.transport import (
 
 log = logging.getLogger(__name__)
 
-IngestHandler = Callable[[list[ReceivedMessage]], None]
-"""Applies a batch of events and commits its effect to the database before returning; raises
-on failure (raise :class:`TransientIngestError` when the event is not to blame)."""
+
+@dataclass(frozen=True)
+class RejectedEvent:
+    """An event a handler refused without applying anything of it (its job is unknown): it
+    goes to the dead letters with ``reason`` while the rest of its batch is applied."""
+
+    entry_id: str
+    reason: str
+
+
+IngestHandler = Callable[[list[ReceivedMessage]], Sequence[RejectedEvent] | None]
+"""Applies a batch of events and commits its effect to the database before returning the
+events it rejected (or None); raises on failure (raise :class:`TransientIngestError` when
+the event is not to blame)."""
+
+_Letter = tuple[str, dict[bytes, bytes] | None, str]  # entry id, its fields, the reason
 
 _EVENT_TYPES = frozenset(cls.model_fields["type"].default for cls in protocol.EventPayload.__args__)
 _MAX_BACKOFF_S = 5.0
@@ -62,6 +81,7 @@ class IngestStats:
     last_batch_size: int = 0
     last_batch_ms: float = 0.0
     redis_errors: int = 0
+    events_trimmed: int = 0  # acknowledged events removed from the events stream
 
     def snapshot(self) -> dict[str, Any]:
         """All counters, as a dict (for ``/metrics``)."""
@@ -83,6 +103,10 @@ class EventConsumer:
         batch_size: int = 1000,
         block_ms: int = 100,
         clock: Clock | None = None,
+        on_health: Callable[[bool], None] | None = None,
+        dead_letter_maxlen: int = 100_000,
+        trim_interval_ms: int = 1000,
+        verifier: Callable[[protocol.Envelope], str | None] | None = None,
     ) -> None:
         """Prepare the consumer (no I/O until :meth:`ensure_group` or :meth:`run`).
 
@@ -97,6 +121,13 @@ class EventConsumer:
             batch_size: The most events per read (and per handler call).
             block_ms: How long a read waits for new events; 0 does not wait.
             clock: The dead letters' timestamps and the batch durations.
+            on_health: Told when :meth:`run` starts reading the stream (True) and when it
+                cannot (False: Redis or the handler's database is away), on each change.
+            dead_letter_maxlen: About how many entries the dead-letter stream keeps (Redis
+                trims whole nodes, so a few more).
+            trim_interval_ms: How often the acknowledged events are removed from the stream.
+            verifier: Why an event is not authentic (None: it is); such events are
+                dead-lettered. None: events are not verified (tests of the ingest alone).
         """
         self.client = client
         self.handler = handler
@@ -107,10 +138,17 @@ class EventConsumer:
         self.batch_size = batch_size
         self.block_ms = block_ms
         self.clock = clock or SystemClock()
+        self.on_health = on_health
+        self.dead_letter_maxlen = dead_letter_maxlen
+        self.trim_interval_ms = trim_interval_ms
+        self.verifier = verifier
+        self._healthy: bool | None = None
+        self._trimmed_at: float | None = None
 
     def ensure_group(self) -> None:
         """Create the consumer group at the stream's beginning (if missing), and load the
-        dead-letter count from the dead-letter stream so that it survives restarts."""
+        dead-letter count from the dead-letter stream so that it survives restarts (up to
+        the stream's cap, ``dead_letter_maxlen``)."""
         try:
             self.client.xgroup_create(self.streams.events, self.group, id="0", mkstream=True)
         except redis.ResponseError as err:
@@ -124,6 +162,7 @@ class EventConsumer:
         Steps: (1) re-read the events delivered to this consumer but never acknowledged (a
         crash between read and acknowledgement), batch by batch until none is left, (2) read
         new events, waiting up to ``block_ms``. Each batch is processed by :meth:`_process`.
+        (3) Every ``trim_interval_ms``, remove the acknowledged events from the stream.
 
         Returns:
             How many entries were processed (applied or dead-lettered).
@@ -143,6 +182,11 @@ class EventConsumer:
             cursor = entries[-1][0]
         # Step 2
         processed += self._process(self._read(">", block_ms=self.block_ms or None))
+        # Step 3
+        now = self.clock.monotonic_ms()
+        if self._trimmed_at is None or now - self._trimmed_at >= self.trim_interval_ms:
+            self._trimmed_at = now
+            self.stats.events_trimmed += trim_acknowledged(self.client, self.streams.events)
         return processed
 
     def run(self, stop: threading.Event) -> None:
@@ -159,6 +203,7 @@ class EventConsumer:
                     self.ensure_group()
                     ready = True
                 self.poll_once()
+                self._health(True)
                 delay = 0.1
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as err:
@@ -179,8 +224,14 @@ class EventConsumer:
                 log.warning("could not apply events, will read them again: %s", err)
             except Exception:
                 log.exception("unexpected error while consuming %s", self.streams.events)
+            self._health(False)
             stop.wait(delay)
             delay = min(delay * 2, _MAX_BACKOFF_S)
+
+    def _health(self, healthy: bool) -> None:
+        if healthy != self._healthy and self.on_health is not None:
+            self.on_health(healthy)
+        self._healthy = healthy
 
     # ------------------------------------------------------------------------- one batch
 
@@ -199,14 +250,16 @@ class EventConsumer:
     def _process(self, entries: Sequence[tuple[str, dict[bytes, bytes] | None]]) -> int:
         """Dead-letter the entries that do not decode, apply the others.
 
-        Steps: (1) decode each entry; a protocol error sends it to the dead letters,
-        (2) apply the valid ones in one handler call and acknowledge them, (3) if that call
-        raised, apply them one by one: an event that still fails goes to the dead letters.
+        Steps: (1) decode and verify each entry; a protocol error or a forged signature sets it
+        aside for the dead letters,
+        (2) apply the valid ones (:meth:`_apply`), (3) dead-letter what was set aside, in one
+        Redis transaction.
         """
         if not entries:
             return 0
         # Step 1
         raw = dict(entries)
+        letters: list[_Letter] = []
         batch: list[ReceivedMessage] = []
         for entry_id, fields in entries:
             try:
@@ -215,48 +268,69 @@ class EventConsumer:
                     raise protocol.ProtocolError(
                         f"entry {entry_id}: {message.envelope.type} is a command, not an event"
                     )
+                forged = self.verifier(message.envelope) if self.verifier else None
+                if forged is not None:
+                    raise protocol.ProtocolError(
+                        f"entry {entry_id}: forged {message.envelope.type} event of job "
+                        f"{message.envelope.job_id}: {forged}"
+                    )
             except protocol.ProtocolError as err:
-                self._dead_letter(entry_id, fields, str(err))
+                letters.append((entry_id, fields, str(err)))
                 continue
             batch.append(message)
-        if not batch:
-            return len(entries)
         # Step 2
-        started = self.clock.monotonic_ms()
-        try:
-            self.handler(batch)
-        except TransientIngestError:
-            raise
-        except Exception as err:
-            log.warning(
-                "handler failed on a batch of %d events (%s: %s); applying them one by one",
-                len(batch),
-                type(err).__name__,
-                err,
-            )
-        else:
-            self._ack([m.entry_id for m in batch])
-            self._count_batch(len(batch), started)
-            return len(entries)
+        self._apply(batch, raw, letters)
         # Step 3
-        for message in batch:
+        self._dead_letter(letters)
+        return len(entries)
+
+    def _apply(
+        self,
+        batch: list[ReceivedMessage],
+        raw: dict[str, dict[bytes, bytes] | None],
+        letters: list[_Letter],
+    ) -> None:
+        """Apply ``batch`` in one handler call and acknowledge it; the events the handler
+        rejects join ``letters``.
+
+        If that call raises, apply the batch in chunks, in order: a chunk that fails is halved,
+        one that succeeds makes the next twice as large, and an event that fails on its own
+        joins ``letters``. So a few poison events cost a few calls each, and a batch of them
+        one call per event, never more.
+        """
+        size = len(batch)
+        start = 0
+        while start < len(batch):
+            chunk = batch[start : start + size]
             started = self.clock.monotonic_ms()
             try:
-                self.handler([message])
+                rejected = self.handler(chunk) or ()
             except TransientIngestError:
                 raise
             except Exception as err:
+                if len(chunk) > 1:
+                    log.warning(
+                        "handler failed on a batch of %d events (%s: %s); applying it in parts",
+                        len(chunk),
+                        type(err).__name__,
+                        err,
+                    )
+                    size = len(chunk) // 2
+                    continue
                 self.stats.handler_errors += 1
-                log.exception("event %s of job %s", message.entry_id, message.envelope.job_id)
-                self._dead_letter(
-                    message.entry_id,
-                    raw[message.entry_id],
-                    f"handler failed: {type(err).__name__}: {err}",
-                )
+                [message] = chunk
+                log.debug("event %s failed", message.entry_id, exc_info=True)
+                reason = f"handler failed: {type(err).__name__}: {err}"
+                letters.append((message.entry_id, raw[message.entry_id], reason))
+                start += 1
                 continue
-            self._ack([message.entry_id])
-            self._count_batch(1, started)
-        return len(entries)
+            refused = {r.entry_id: r.reason for r in rejected}
+            letters.extend((entry_id, raw[entry_id], why) for entry_id, why in refused.items())
+            applied = [m.entry_id for m in chunk if m.entry_id not in refused]
+            self._ack(applied)
+            self._count_batch(len(applied), started)
+            start += len(chunk)
+            size = min(size * 2, len(batch))
 
     def _ack(self, entry_ids: list[str]) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -270,19 +344,34 @@ class EventConsumer:
         self.stats.last_batch_size = size
         self.stats.last_batch_ms = self.clock.monotonic_ms() - started
 
-    def _dead_letter(self, entry_id: str, fields: dict[bytes, bytes] | None, reason: str) -> None:
-        """Move an entry to the dead-letter stream and acknowledge it, atomically."""
-        log.warning("event %s of %s to the dead letters: %s", entry_id, self.streams.events, reason)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xadd(
+    def _dead_letter(self, letters: list[_Letter]) -> None:
+        """Move entries to the dead-letter stream and acknowledge them, in one transaction."""
+        if not letters:
+            return
+        first_id, _, first_reason = letters[0]
+        log.warning(
+            "%d event(s) of %s to the dead letters (%s), first %s: %s",
+            len(letters),
+            self.streams.events,
             self.streams.dead_letters,
-            {
+            first_id,
+            first_reason,
+        )
+        now = str(self.clock.now_ms()).encode()
+        pipe = self.client.pipeline(transaction=True)
+        for entry_id, fields, reason in letters:
+            letter = {
                 FIELD: (fields or {}).get(FIELD, b""),
                 b"reason": reason.encode(),
                 b"source_id": entry_id.encode(),
-                b"timestamp": str(self.clock.now_ms()).encode(),
-            },
-        )
-        pipe.xack(self.streams.events, self.group, entry_id)
+                b"timestamp": now,
+            }
+            pipe.xadd(
+                self.streams.dead_letters,
+                letter,  # type: ignore[arg-type]
+                maxlen=self.dead_letter_maxlen,
+                approximate=True,
+            )
+        pipe.xack(self.streams.events, self.group, *[entry_id for entry_id, _, _ in letters])
         pipe.execute()
-        self.stats.dead_letters += 1
+        self.stats.dead_letters += len(letters)

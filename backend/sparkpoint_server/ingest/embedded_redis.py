@@ -5,6 +5,11 @@
 survive a restart, and writes its URL to ``<data_dir>/redis.url`` where jobs on the same
 machine find it (:func:`sparkpoint.transport.default_redis_url`). A supervisor thread
 restarts the process, on the same port and the same append-only file, if it exits.
+
+It requires a password (``requirepass``): one generated for the data directory and kept in
+``<data_dir>/redis-password`` (mode 0600). The URL in ``redis.url`` carries it, so that file and
+``redis/redis.conf`` are mode 0600 too: a job of the same user on this machine connects with no
+setting, another user of the machine reads none of them and is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import errno
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,6 +38,7 @@ from sparkpoint_server.errors import ControlPlaneError
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+PASSWORD_FILE = "redis-password"
 
 
 class EmbeddedRedisError(ControlPlaneError):
@@ -72,6 +79,8 @@ class EmbeddedRedis:
         self.data_dir = Path(data_dir).resolve()
         self.redis_dir = self.data_dir / "redis"
         self.url_file = self.data_dir / URL_FILE
+        self.password_file = self.data_dir / PASSWORD_FILE
+        self.password = ""  # read or generated at start()
         self.config_file = self.redis_dir / "redis.conf"
         self.log_file = self.redis_dir / "redis.log"
         self.pid_file = self.redis_dir / "redis.pid"
@@ -90,9 +99,14 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
+        """``redis://:<password>@127.0.0.1:<port>/0``."""
         if not self.port:
             raise EmbeddedRedisError("the embedded Redis has no port yet: call start() first")
+        return f"redis://:{self.password}@{HOST}:{self.port}/0"
+
+    @property
+    def public_url(self) -> str:
+        """The URL without the password, for logs."""
         return f"redis://{HOST}:{self.port}/0"
 
     @property
@@ -105,22 +119,25 @@ class EmbeddedRedis:
         """Start the server and its supervisor; return once it answers PING.
 
         Steps: (1) stop an orphan server left on this directory by a killed control plane,
-        (2) pick the port and write the configuration, (3) start the process and wait for
-        PING, (4) write ``redis.url``, (5) start the supervisor thread.
+        (2) pick the port, read or generate the password and write the configuration,
+        (3) start the process and wait for PING, (4) write ``redis.url`` (mode 0600), (5) start
+        the supervisor thread.
 
         Raises:
             EmbeddedRedisError: the port is taken, or the server exited or did not answer
                 within ``start_timeout_s`` (the message quotes the end of its log).
         """
         if self._supervisor is not None:
-            raise EmbeddedRedisError(f"the embedded Redis at {self.url} is already started")
+            raise EmbeddedRedisError(f"the embedded Redis at {self.public_url} is already started")
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         # Step 1
         self._stop_orphan()
-        # Step 2
+        # Step 2: the port of the previous start when it is free again, so that jobs still
+        # holding the URL of a control plane that was killed reach its successor.
         if not self.port:
-            self.port = _free_port()
+            self.port = self._previous_port() or _free_port()
         _check_port_free(self.port)
+        self.password = self._password()
         self._write_config()
         # Step 3
         self._stopping.clear()
@@ -131,15 +148,18 @@ class EmbeddedRedis:
                 self._close_output()
                 raise
         # Step 4
-        tmp = self.url_file.with_suffix(".tmp")
-        tmp.write_text(self.url + "\n", encoding="utf-8")
-        os.replace(tmp, self.url_file)
+        _write_private(self.url_file, self.url + "\n")
         # Step 5
         self._supervisor = threading.Thread(
             target=self._supervise, name=f"embedded-redis-{self.port}", daemon=True
         )
         self._supervisor.start()
-        log.info("embedded Redis started at %s (data in %s)", self.url, self.redis_dir)
+        log.info(
+            "embedded Redis started at %s, password in %s (data in %s)",
+            self.public_url,
+            self.password_file,
+            self.redis_dir,
+        )
 
     def stop(self) -> None:
         """Stop the supervisor, then the server (SIGTERM, SIGKILL if it lingers), and remove
@@ -182,8 +202,22 @@ class EmbeddedRedis:
             "protected-mode yes",
             f"logfile {_quote(str(self.log_file))}",
             f"pidfile {_quote(str(self.pid_file))}",
+            f"requirepass {_quote(self.password)}",
         ]
-        self.config_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        _write_private(self.config_file, "\n".join(lines) + "\n")
+
+    def _password(self) -> str:
+        """The data directory's password: the one kept in ``redis-password``, else a new one
+        (written mode 0600)."""
+        try:
+            kept = self.password_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            kept = ""
+        if kept:
+            return kept
+        password = secrets.token_hex(24)
+        _write_private(self.password_file, password + "\n")
+        return password
 
     def _spawn(self) -> None:
         """Start the process and wait for PING (call with ``_lock`` held)."""
@@ -210,7 +244,11 @@ class EmbeddedRedis:
         deadline = time.monotonic() + self._start_timeout_s
         # No retries inside redis-py (whose default backs off for seconds): this loop polls.
         client = redis.Redis(
-            host=HOST, port=self.port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+            host=HOST,
+            port=self.port,
+            password=self.password,
+            socket_connect_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
         )
         try:
             while True:
@@ -267,7 +305,7 @@ class EmbeddedRedis:
                 else:
                     self.restarts += 1
                     delay = 0.1
-                    log.info("embedded Redis restarted at %s (pid %s)", self.url, self.pid)
+                    log.info("embedded Redis restarted at %s (pid %s)", self.public_url, self.pid)
                     continue
             self._stopping.wait(delay)
             delay = min(delay * 2, 5.0)
@@ -287,6 +325,23 @@ class EmbeddedRedis:
         if self._output is not None:
             self._output.close()
             self._output = None
+
+    def _previous_port(self) -> int | None:
+        """The port of the previous start on this directory (its ``redis.conf``), if free."""
+        try:
+            lines = self.config_file.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return None
+        for line in lines:
+            name, _, value = line.partition(" ")
+            if name == "port" and value.strip().isdigit():
+                port = int(value)
+                try:
+                    _check_port_free(port)
+                except EmbeddedRedisError:
+                    return None
+                return port
+        return None
 
     def _stop_orphan(self) -> None:
         """Stop a server that a killed control plane left running on this directory.
@@ -354,6 +409,17 @@ def _check_port_free(port: int) -> None:
             raise EmbeddedRedisError(
                 f"cannot start the embedded Redis on {HOST}:{port}: {err}"
             ) from err
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (mode 0600), atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _quote(value: str) -> str:

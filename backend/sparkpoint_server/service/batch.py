@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint import protocol as p
+from sparkpoint_server.errors import StorageUnavailableError
+from sparkpoint_server.service import storage_io
 from sparkpoint_server.storage.repository import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -27,22 +29,16 @@ class Batch:
     commands: list[p.Envelope] = field(default_factory=list)
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)  # job ids whose runtime changed
-    # Completions whose ``_metadata`` is being written: (job runtime, checkpoint, future).
-    completions: list[tuple[Any, Any, Future[Any]]] = field(default_factory=list)
-    pool: ThreadPoolExecutor | None = None  # the I/O pool; None: run inline
+    # Completions decided in this batch whose ``_metadata`` is written once it committed,
+    # outside the lock: (job runtime, checkpoint id).
+    completions: list[tuple[Any, int]] = field(default_factory=list)
     # Pending checkpoints acknowledged in this batch: (job, id) -> (runtime, latest ack time).
     acknowledged: dict[tuple[str, int], tuple[Any, int]] = field(default_factory=dict)
-
-    def io(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run blocking I/O on the pool (or now, without one); the result is a future."""
-        if self.pool is not None:
-            return self.pool.submit(fn, *args)
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as err:
-            future.set_exception(err)
-        return future
+    # Read before the lock was taken: ``--from-checkpoint`` path -> RestorePoint or the error.
+    restore_points: dict[str, Any] = field(default_factory=dict)
+    # Checked before the lock was taken: job id -> the verdicts on the files of the checkpoints
+    # a failover of that job may restore (``service.failover``), for drivers registering again.
+    failover_verdicts: dict[str, Any] = field(default_factory=dict)
 
     def command(self, job_id: str, attempt: int, payload: Any) -> None:
         self.commands.append(p.envelope(job_id, attempt, self.now, payload))
@@ -56,15 +52,17 @@ class Batch:
 
 
 class Disposer:
-    """Runs deletions after their transaction committed, in order, on one background thread."""
+    """Runs deletions after their transaction committed, in order, on one background thread;
+    each is given up after ``timeout_s`` seconds (it leaves garbage, never wrong state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 30.0) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkpoint-dispose")
         self._last: Future[None] | None = None
+        self._timeout_s = timeout_s
 
     def submit(self, actions: list[Callable[[], None]]) -> None:
         if actions:
-            self._last = self._pool.submit(_run_all, actions)
+            self._last = self._pool.submit(_run_all, actions, self._timeout_s)
 
     def wait_idle(self) -> None:
         """Wait until every submitted deletion ran (tests, shutdown)."""
@@ -75,9 +73,9 @@ class Disposer:
         self._pool.shutdown(wait=True)
 
 
-def _run_all(actions: list[Callable[[], None]]) -> None:
+def _run_all(actions: list[Callable[[], None]], timeout_s: float) -> None:
     for action in actions:
         try:
-            action()
-        except Exception:  # a deletion that fails leaves garbage, never wrong state
+            storage_io.call("disposing checkpoint state", timeout_s, action)
+        except StorageUnavailableError:  # a deletion that fails leaves garbage, never wrong state
             log.exception("disposing checkpoint state failed")

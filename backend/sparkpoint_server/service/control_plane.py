@@ -6,15 +6,23 @@ one unit of work: decide with the pure coordinator, write everything in one data
 transaction, then send the commands and delete what is no longer needed. A unit that fails
 rolls back and the jobs it touched are rebuilt from the database, so memory never runs ahead
 of what is stored.
+
+Storage is never called under the lock (see :mod:`~sparkpoint_server.service.storage_io`):
+a completion's ``_metadata`` is written after its unit committed, on a thread of its own and
+bounded in time, and a fourth kind of unit records the outcome; restore reads happen before
+a request or a batch takes the lock; a failover's check of the checkpoint files it may
+restore (:mod:`~sparkpoint_server.service.failover`) too, or, for a due restart, on a thread
+of its own whose end ticks again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import redis
@@ -25,16 +33,27 @@ from sqlalchemy.orm import Session, sessionmaker
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
 from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import JobRuntime
-from sparkpoint_server.errors import ConflictError, JobNotFoundError
-from sparkpoint_server.ingest.consumer import TransientIngestError
+from sparkpoint_server.errors import ConflictError, JobNotFoundError, StorageUnavailableError
+from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
+from sparkpoint_server.service import completions, senders, storage_io
 from sparkpoint_server.service import decisions as d
+from sparkpoint_server.service import failover as fo
+from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.batch import Batch, Disposer
-from sparkpoint_server.service.events import EventApplier, RejectedEventError
+from sparkpoint_server.service.events import (
+    EventApplier,
+    RejectedEventError,
+    UnknownJobError,
+    read_restore_point,
+)
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
+from sparkpoint_server.service.savepoints import completion_writer
+from sparkpoint_server.service.storage_io import StorageRoots, parse_roots
 from sparkpoint_server.storage.models import Job
 from sparkpoint_server.storage.repository import BatchWriter
 
@@ -61,10 +80,20 @@ class ControlPlane:
         self.clock = clock or SystemClock()
         self.stats = stats
         self.jobs: dict[str, JobRuntime] = {}
+        # Since when the ingest reads events (None: it cannot): no heartbeat can arrive while
+        # it cannot, so no driver is declared lost then, and each gets a full timeout after.
+        self._ingest_up_since: float | None = self.clock.monotonic_ms()
         self._lock = threading.RLock()
-        self.disposer = Disposer()
-        # Writing ``_metadata`` files is I/O: several completions of a batch write at once.
-        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sparkpoint-metadata")
+        self.storage_timeout_s = settings.storage_timeout
+        self.roots = StorageRoots(str(settings.data_dir), parse_roots(settings.storage_roots))
+        self.disposer = Disposer(self.storage_timeout_s)
+        # Every event is verified with its job's key and every command signed with it
+        # (sparkpoint.signing); the secret they derive from stays in the data directory.
+        secret = load_or_create_secret(settings.data_dir)
+        self.key_of = lambda job_id: job_key(secret, job_id)
+        self.signer = Signer(self.key_of, f"cp-{uuid.uuid4().hex}")
+        # Completions whose ``_metadata`` is written finish here, one unit at a time.
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkpoint-finish")
         self.checkpoint_dir = str(settings.checkpoint_dir)
         self.savepoint_dir = str(settings.savepoint_dir)
         self.events = EventApplier(
@@ -73,7 +102,14 @@ class ControlPlane:
             checkpoint_dir=self.checkpoint_dir,
             savepoint_dir=self.savepoint_dir,
             on_stale=self._count_stale,
+            heartbeat_timeout_ms=settings.heartbeat_timeout_ms,
+            roots=self.roots,
         )
+
+    @property
+    def lock(self) -> AbstractContextManager[bool]:
+        """The coordination lock (hold it briefly: never around storage I/O)."""
+        return self._lock
 
     # ------------------------------------------------------------------ units of work
 
@@ -82,10 +118,9 @@ class ControlPlane:
         """One transaction; then the commands and the deletions (see the module docstring)."""
         with self._lock:
             session = self.sessions()
-            batch = Batch(BatchWriter(session), self.clock.now_ms(), pool=self._io)
+            batch = Batch(BatchWriter(session), self.clock.now_ms())
             try:
                 yield batch
-                d.finish_completions(batch)
                 d.record_acknowledged(batch)
                 batch.writer.flush()
                 session.commit()
@@ -97,12 +132,56 @@ class ControlPlane:
             session.close()
             self._send(batch.commands)
             self.disposer.submit(batch.after_commit)
+            for rt, cid in batch.completions:
+                self._write_completion(rt, cid)
+
+    # ------------------------------------------------------------------ completions
+
+    def _write_completion(self, rt: JobRuntime, cid: int) -> None:
+        """Start writing a completion's ``_metadata`` (step 1 of ``decisions.complete``) on a
+        thread of its own, bounded by the storage timeout; its end finishes it."""
+        entry = rt.finalizing.get(cid)
+        if entry is None or entry.written is not None:
+            return
+        cp = entry.checkpoint
+        what = (  # the failure message names the job and the checkpoint already
+            f"writing savepoint {cid} to {entry.savepoint_target}"
+            if cp.is_savepoint
+            else f"writing _metadata of checkpoint {cid}"
+        )
+        write = completion_writer(rt.job_id, cp, rt.storage, entry.savepoint_target)
+        entry.written = storage_io.start(what, self.storage_timeout_s, write)
+        entry.written.add_done_callback(self._on_written)
+
+    def _on_written(self, _: object) -> None:
+        try:
+            self._finisher.submit(self._finish_written)
+        except RuntimeError:  # closed: the next start completes it from the stored acks
+            log.info("a completion's write ended after the control plane closed")
+
+    def _finish_written(self) -> None:
+        """Finish, in one unit, every completion whose write ended (in id order per job)."""
+        try:
+            with self._lock:
+                ready = [
+                    (rt, cid)
+                    for rt in self.jobs.values()
+                    for cid in completions.ready_completions(rt)
+                ]
+                if not ready:
+                    return
+                with self.unit() as batch:
+                    for rt, cid in ready:
+                        batch.touched.add(rt.job_id)
+                        completions.finish_completion(batch, rt, cid)
+        except Exception:  # the jobs were rebuilt from the database; their acks stay stored
+            log.exception("finishing completed checkpoints failed")
 
     def _send(self, commands: list[p.Envelope]) -> None:
         if not commands or self.client is None:
             return
         try:
-            send_commands(self.client, self.streams, commands)
+            send_commands(self.client, self.streams, commands, signer=self.signer)
         except redis.RedisError:
             # The decisions are stored; a job that misses a command times out its checkpoint
             # or is restarted, and completions are sent again at the next start.
@@ -118,12 +197,30 @@ class ControlPlane:
                     self.jobs[job_id] = load_job(session, row, self.clock, self.checkpoint_dir)
 
     def wait_idle(self) -> None:
-        """Wait for the background deletions submitted so far."""
+        """Wait for the completions being written and the failover checks (each at most the
+        storage timeout), and the background deletions submitted so far."""
+        while True:
+            with self._lock:
+                writes = [
+                    e.written
+                    for rt in self.jobs.values()
+                    for e in rt.finalizing.values()
+                    if e.written is not None
+                ]
+                writes += [
+                    rt.failover_check.future
+                    for rt in self.jobs.values()
+                    if rt.failover_check is not None and not rt.failover_check.settled
+                ]
+            if not writes:
+                break
+            wait(writes)
+            self._finisher.submit(lambda: None).result()  # after the finishes they queued
         self.disposer.wait_idle()
 
     def close(self) -> None:
+        self._finisher.shutdown(wait=True)
         self.disposer.close()
-        self._io.shutdown(wait=True)
 
     def _count_stale(self) -> None:
         if self.stats is not None:
@@ -157,26 +254,76 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ ingest
 
-    def handle_batch(self, messages: list[ReceivedMessage]) -> None:
-        """The ingest handler: apply a batch of events in one transaction.
+    def verify_event(self, envelope: p.Envelope) -> str | None:
+        """The ingest's check of an event's signature: why it is forged, or None."""
+        return verify(self.key_of(envelope.job_id), envelope)
+
+    def handle_batch(self, messages: list[ReceivedMessage]) -> list[RejectedEvent]:
+        """The ingest handler: apply a batch of events in one transaction, except replayed
+        copies of events applied before (:mod:`~sparkpoint_server.service.senders`).
+
+        Returns:
+            The events of unknown jobs and the replays, refused (the consumer dead-letters
+            them).
 
         Raises:
             RejectedEventError: when one event contradicts the job's state; the consumer then
-                retries the events one by one and dead-letters that one.
+                retries the events in smaller batches and dead-letters that one.
         """
+        rejected: list[RejectedEvent] = []
+        points = self._read_restore_points(messages)
         try:
+            verdicts = fo.check_registrations(self, messages)
             with self.unit() as batch:
-                for m in messages:
+                batch.restore_points = points
+                batch.failover_verdicts = verdicts
+                fresh, replays = senders.screen(batch.writer.session, messages)
+                rejected.extend(replays)
+                for m in fresh:
                     batch.touched.add(m.envelope.job_id)
-                    self.events.apply(batch, m.envelope, m.payload)
+                    try:
+                        self.events.apply(batch, m.envelope, m.payload)
+                    except UnknownJobError as err:
+                        rejected.append(RejectedEvent(m.entry_id, str(err)))
         except (OperationalError, InterfaceError) as err:  # the database is away, not the event
             raise TransientIngestError(f"database unavailable: {err}") from err
+        return rejected
+
+    def _read_restore_points(self, messages: list[ReceivedMessage]) -> dict[str, Any]:
+        """Before taking the lock: the checkpoints that registrations name to start from
+        (``--from-checkpoint``), each read with the storage timeout (or why it could not be)."""
+        points: dict[str, Any] = {}
+        for m in messages:
+            if not isinstance(m.payload, p.JobRegistered):
+                continue
+            config = m.payload.config
+            path = str(config.get("from_checkpoint") or "")
+            if not path or path in points or self.roots.registration_refusal(config):
+                continue
+            what = f"job {m.envelope.job_id}: reading --from-checkpoint {path}"
+            try:
+                points[path] = storage_io.call(
+                    what, self.storage_timeout_s, read_restore_point, path
+                )
+            except StorageUnavailableError as err:
+                points[path] = err
+        return points
+
+    def ingest_health(self, up: bool) -> None:
+        """The ingest reads the events stream again (``up``) or cannot (Redis or the database
+        is away): the heartbeat timeout counts only while it reads."""
+        with self._lock:
+            if not up:
+                self._ingest_up_since = None
+            elif self._ingest_up_since is None:
+                self._ingest_up_since = self.clock.monotonic_ms()
 
     # ------------------------------------------------------------------ timers
 
     def tick(self) -> None:
-        """Timers of every running job: due restarts, expired checkpoints, periodic triggers,
-        a failover past the tolerable checkpoint failures."""
+        """Timers of every running job: due restarts, drivers silent past the heartbeat
+        timeout, expired checkpoints, periodic triggers, a failover past the tolerable
+        checkpoint failures."""
         with self._lock:
             due = [rt for rt in self.jobs.values() if self._timers_due(rt)]
             if not due:
@@ -187,23 +334,77 @@ class ControlPlane:
                     self._tick_job(batch, rt)
 
     def _timers_due(self, rt: JobRuntime) -> bool:
+        if rt.held_acks:
+            return True
         if rt.restart_due_at is not None:
-            return rt.restart_due_at <= self.clock.now_ms()
+            checking = rt.failover_check is not None and not rt.failover_check.future.done()
+            return rt.restart_due_at <= self.clock.now_ms() and not checking
+        now = self.clock.monotonic_ms()
+        if self._driver_silent(rt, now):
+            return True
         if rt.status is not p.JobStatus.RUNNING:
             return False
-        now = self.clock.monotonic_ms()
         overdue = any(now >= pc.deadline_monotonic_ms() for pc in rt.coordinator.pending.values())
         stopping = rt.stop_checkpoint is not None or rt.final_requested
-        return overdue or (not stopping and rt.coordinator.periodic_due())
+        queued = bool(rt.queued_checkpoints) and (
+            len(rt.coordinator.pending) < rt.coordinator.config.max_concurrent
+        )
+        return overdue or (not stopping and (queued or rt.coordinator.periodic_due()))
+
+    def _checked(self, rt: JobRuntime) -> fo.Verdicts | None:
+        """The verdicts of the check of a due restart's checkpoint files; None while it runs
+        (started here, on a thread of its own: its end ticks again)."""
+        check = rt.failover_check
+        assert rt.restart_due_at is not None
+        if check is None or (check.due_at, check.attempt) != (rt.restart_due_at, rt.attempt):
+            check = rt.failover_check = fo.FailoverCheck.start(rt, self.storage_timeout_s)
+            check.future.add_done_callback(lambda _: self._on_checked(check))
+            return None
+        if not check.future.done():
+            return None
+        rt.failover_check = None
+        return check.verdicts()
+
+    def _on_checked(self, check: fo.FailoverCheck) -> None:
+        def tick() -> None:
+            try:
+                self.tick()
+            except Exception:  # the jobs were rebuilt from the database; the timer ticks again
+                log.exception("restarting after a failover check failed")
+            finally:
+                check.settled = True
+
+        try:
+            self._finisher.submit(tick)
+        except RuntimeError:  # closed: the next start's timer restarts the job
+            check.settled = True
+
+    def _driver_silent(self, rt: JobRuntime, now: float) -> bool:
+        listening = self._ingest_up_since
+        if listening is None:
+            return False
+        return hb.silent(rt, now, self.settings.heartbeat_timeout_ms, counting_from=listening)
 
     def _tick_job(self, batch: Batch, rt: JobRuntime) -> None:
+        held, rt.held_acks = rt.held_acks, []
+        for attempt, ack in held:  # a completion that was not recorded: completed again
+            result = rt.coordinator.acknowledge(attempt, ack)
+            if result.completed is not None:
+                completions.complete_and_subsume(batch, rt, result.completed, self.savepoint_dir)
         if rt.restart_due_at is not None:
             if rt.restart_due_at <= batch.now and rt.status is p.JobStatus.RESTARTING:
-                d.restart_now(batch, rt)
+                verdicts = self._checked(rt)
+                if verdicts is not None:
+                    fo.restart_now(batch, rt, verdicts)
+            return
+        if self._driver_silent(rt, self.clock.monotonic_ms()):
+            hb.driver_lost(batch, rt, self.settings.heartbeat_timeout_ms)
             return
         d.handle_failed(batch, rt, rt.coordinator.expire_overdue())
         # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.
         stopping = rt.stop_checkpoint is not None or rt.final_requested
+        if not stopping and d.trigger_queued(batch, rt):  # manual requests go first
+            return
         if rt.status is p.JobStatus.RUNNING and not stopping and rt.coordinator.periodic_due():
             try:
                 d.trigger(batch, rt, periodic=True)

@@ -16,16 +16,14 @@ from sparkpoint.checkpointing.pending import (
     CheckpointFailureReason as Reason,
 )
 from sparkpoint.checkpointing.pending import (
+    CheckpointTriggerError,
     CompletedCheckpoint,
     FailedCheckpoint,
     FailoverDecision,
     PendingCheckpoint,
 )
-from sparkpoint.errors import SparkpointError
-from sparkpoint.runtime.recovery import checkpoint_metadata
 from sparkpoint_server.coordination.job import RESTORE_PIN, UNCOMMITTED_PIN, JobRuntime
 from sparkpoint_server.service.batch import Batch
-from sparkpoint_server.service.savepoints import write_savepoint
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +35,8 @@ def set_status(batch: Batch, rt: JobRuntime, status: p.JobStatus, cause: str | N
     if status == rt.status or not rt.can_become(status):
         return False
     previous, rt.status = rt.status, status
+    if previous is p.JobStatus.RUNNING:
+        fail_queued(batch, rt, f"the job became {status.value}" + (f" ({cause})" if cause else ""))
     log.info(
         "job %s attempt %d: %s -> %s%s",
         rt.job_id,
@@ -63,6 +63,25 @@ def set_status(batch: Batch, rt: JobRuntime, status: p.JobStatus, cause: str | N
     )
     batch.touched.add(rt.job_id)
     return True
+
+
+def set_status_and_settle(
+    batch: Batch, rt: JobRuntime, status: p.JobStatus, cause: str | None
+) -> None:
+    """:func:`set_status`; a job that is over also completes its cancel request and fails
+    what is pending (nothing can complete any more)."""
+    if not set_status(batch, rt, status, cause):
+        return
+    if status is p.JobStatus.CANCELED and rt.cancel_request is not None:
+        batch.writer.operation(rt.cancel_request, status=OK, updated_at=batch.now)
+        rt.cancel_request = None
+    if not rt.active:
+        aborted = rt.coordinator.abort_all(
+            Reason.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the job is {status.value}"
+        )
+        handle_failed(batch, rt, aborted)
+        rt.stop_checkpoint = None
+        drop_restart(batch, rt)  # a restart decided before the driver ended the job
 
 
 # ----------------------------------------------------------------------------- triggering
@@ -107,6 +126,50 @@ def trigger(
         rt.stop_checkpoint = cid
     batch.command(rt.job_id, rt.attempt, trigger_command(pending, stop))
     return pending
+
+
+#: At most this many manual checkpoint requests wait for a free slot (Flink's default
+#: ``maxQueuedRequests`` is 1000; a person at the dashboard never needs more than a few).
+MAX_QUEUED_CHECKPOINTS = 100
+
+
+def queue_checkpoint(batch: Batch, rt: JobRuntime, request_id: str, refused: str) -> None:
+    """Queue a manual checkpoint request that ``max_concurrent`` refused (``refused`` says
+    why): it is triggered, ahead of periodic checkpoints, once a slot is free.
+
+    Raises:
+        CheckpointTriggerError: when :data:`MAX_QUEUED_CHECKPOINTS` requests wait already.
+    """
+    if len(rt.queued_checkpoints) >= MAX_QUEUED_CHECKPOINTS:
+        raise CheckpointTriggerError(
+            rt.job_id,
+            Reason.TOO_MANY_CHECKPOINT_REQUESTS,
+            f"{refused}; {len(rt.queued_checkpoints)} manual checkpoint requests wait already "
+            f"(at most {MAX_QUEUED_CHECKPOINTS} are queued)",
+        )
+    rt.queued_checkpoints.append(request_id)
+    log.info("job %s: checkpoint request %s queued: %s", rt.job_id, request_id, refused)
+
+
+def trigger_queued(batch: Batch, rt: JobRuntime) -> bool:
+    """Trigger the oldest queued manual checkpoint request if a slot is free."""
+    if not rt.queued_checkpoints or rt.status is not p.JobStatus.RUNNING:
+        return False
+    if len(rt.coordinator.pending) >= rt.coordinator.config.max_concurrent:
+        return False
+    request_id = rt.queued_checkpoints.pop(0)
+    trigger(batch, rt, request_id=request_id)
+    return True
+
+
+def fail_queued(batch: Batch, rt: JobRuntime, why: str) -> None:
+    """The queued manual requests fail: the job left RUNNING before their turn came."""
+    for request_id in rt.queued_checkpoints:
+        cause = f"checkpoint request {request_id} was queued and not triggered: {why}"
+        batch.writer.operation(
+            request_id, status=FAILED_STATUS, failure_cause=cause, updated_at=batch.now
+        )
+    rt.queued_checkpoints.clear()
 
 
 def resend_trigger(batch: Batch, rt: JobRuntime, pending: PendingCheckpoint) -> None:
@@ -162,80 +225,32 @@ def record_acknowledged(batch: Batch) -> None:
     batch.acknowledged.clear()
 
 
-def complete(batch: Batch, rt: JobRuntime, cp: CompletedCheckpoint, savepoint_dir: str) -> None:
-    """DESIGN §1's completion order.
-
-    Steps: (0) pin the checkpoint while its sinks have not committed (so that a completion
-    later in the same batch cannot subsume it), (1) write ``_metadata`` (a savepoint: its
-    self-contained copy in the target directory) on the I/O pool, while the batch goes on;
-    :func:`finish_completions` then does (2) the checkpoint's row and its request's, (3) after
-    the commit: the notification that makes the sinks commit, (4) deleting the state of what
-    retention subsumed.
-    """
+def fail_completion(
+    batch: Batch, rt: JobRuntime, cp: CompletedCheckpoint, message: str, *, discard: bool = True
+) -> None:
+    """Take back a completion whose ``_metadata`` was not (or may not yet be) written: it
+    fails as FINALIZE_CHECKPOINT_FAILURE with ``message``; ``discard``: delete its state now
+    (else when its write ends)."""
     cid = cp.checkpoint_id
-    # Step 0
-    needs_commit = {key for key, ack in cp.acks.items() if ack.sink_transactions}
-    if needs_commit:
-        rt.uncommitted[cid] = needs_commit
-        rt.coordinator.store.pin(cid, UNCOMMITTED_PIN)
-    # Step 1
-    target = rt.savepoint_targets.pop(cid, None) or savepoint_dir
-    batch.completions.append((rt, cp, batch.io(_write_metadata, rt, cp, target)))
+    rt.uncommitted.pop(cid, None)
+    rt.coordinator.store.unpin(cid, UNCOMMITTED_PIN)
+    if rt.coordinator.store.get(cid) is not None:
+        failed = rt.coordinator.finalize_failed(cid, message)
+    else:  # a later completion already subsumed it
+        message = f"checkpoint {cid} of job {rt.job_id} failed to finalize: {message}"
+        failed = cp.to_failed(Reason.FINALIZE_CHECKPOINT_FAILURE, message, batch.now)
+    handle_failed(batch, rt, [failed], discard=discard)
 
 
-def _write_metadata(rt: JobRuntime, cp: CompletedCheckpoint, savepoint_target: str) -> str | None:
-    if cp.is_savepoint:
-        return write_savepoint(rt.job_id, cp, rt.storage, savepoint_target)
-    return rt.storage.write_metadata(
-        rt.job_id, cp.checkpoint_id, checkpoint_metadata(rt.job_id, cp)
-    )
-
-
-def finish_completions(batch: Batch) -> None:
-    """Steps (2)-(4) of :func:`complete`, in completion order, once each ``_metadata`` is
-    written; a completion whose ``_metadata`` failed fails as FINALIZE_CHECKPOINT_FAILURE."""
-    completions, batch.completions = batch.completions, []
-    for rt, cp, written in completions:
-        cid = cp.checkpoint_id
-        try:
-            cp.external_path = written.result()
-        except (OSError, SparkpointError) as err:
-            rt.uncommitted.pop(cid, None)
-            rt.coordinator.store.unpin(cid, UNCOMMITTED_PIN)
-            failed = rt.coordinator.finalize_failed(cid, f"writing _metadata: {err}")
-            handle_failed(batch, rt, [failed])
-            continue
-        if cp.is_savepoint:  # the state now lives in the savepoint's own directory
-            batch.later(partial(rt.storage.discard, rt.job_id, cid))
-        # Step 2
-        batch.writer.checkpoint(
-            rt.job_id,
-            cid,
-            status=OK,
-            num_acknowledged_subtasks=len(cp.acks),
-            latest_ack_timestamp=max(a.ack_timestamp for a in cp.acks.values()),
-            completion_timestamp=cp.completion_timestamp,
-            end_to_end_duration=cp.end_to_end_duration_ms,
-            state_size=cp.state_size,
-            checkpointed_size=cp.checkpointed_size,
-            alignment_buffered=sum(a.alignment_buffered_bytes for a in cp.acks.values()),
-            external_path=cp.external_path,
-            committed=cid not in rt.uncommitted,
-        )
-        request_id = rt.operations.pop(cid, None)
-        if request_id is not None:
-            batch.writer.operation(
-                request_id, status=OK, location=cp.external_path, updated_at=batch.now
-            )
-        # Step 3
-        batch.command(rt.job_id, cp.attempt, p.NotifyCheckpointComplete(checkpoint_id=cid))
-        if cid in rt.cancel_after:
-            rt.cancel_after.discard(cid)
-            cause = f"cancel-job after savepoint {cid}"
-            set_status(batch, rt, p.JobStatus.CANCELLING, cause)
-            batch.command(rt.job_id, rt.attempt, p.CancelJob(cause=cause))
-        # Step 4
-        discard_subsumed(batch, rt)
+def take_back_completions(batch: Batch, rt: JobRuntime, why: str) -> None:
+    """Before a failover or a restore decides what to restore: the completions still being
+    written fail (their ``_metadata`` may never be written), so only written ones restore."""
+    for cid in sorted(rt.finalizing):
+        entry = rt.finalizing[cid]
+        if not entry.taken_back:
+            entry.taken_back = True
+            message = f"{why} before its _metadata was written"
+            fail_completion(batch, rt, entry.checkpoint, message, discard=False)
 
 
 def discard_subsumed(
@@ -247,7 +262,9 @@ def discard_subsumed(
 ) -> None:
     """Delete (after the commit) the state of what retention dropped (``drain``) or a pin
     released."""
-    dropped = rt.coordinator.drain_subsumed() if drain else []
+    # A completion still being written may be taken back, with what it subsumed: not yet.
+    writing = any(not entry.taken_back for entry in rt.finalizing.values())
+    dropped = rt.coordinator.drain_subsumed() if drain and not writing else []
     for old in [*dropped, *(released or [])]:
         batch.writer.checkpoint(rt.job_id, old.checkpoint_id, discarded=True)
         batch.later(partial(rt.storage.discard, rt.job_id, old.checkpoint_id))
@@ -273,8 +290,11 @@ def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted) -> None:
 # ----------------------------------------------------------------------------- failures
 
 
-def handle_failed(batch: Batch, rt: JobRuntime, failed: list[FailedCheckpoint]) -> None:
-    """Failed checkpoints: their rows, their requests, an abort to the job, their state gone."""
+def handle_failed(
+    batch: Batch, rt: JobRuntime, failed: list[FailedCheckpoint], *, discard: bool = True
+) -> None:
+    """Failed checkpoints: their rows, their requests, an abort to the job, their state gone
+    (``discard``; else later, by whoever still writes it)."""
     for f in failed:
         log.warning("checkpoint failed (%s): %s", f.reason.value, f.message)
         batch.writer.checkpoint(
@@ -302,7 +322,8 @@ def handle_failed(batch: Batch, rt: JobRuntime, failed: list[FailedCheckpoint]) 
                 checkpoint_id=f.checkpoint_id, reason=f"{f.reason.value}: {f.message}"
             ),
         )
-        batch.later(partial(rt.storage.discard, rt.job_id, f.checkpoint_id))
+        if discard:
+            batch.later(partial(rt.storage.discard, rt.job_id, f.checkpoint_id))
     if rt.coordinator.must_fail_job and rt.status is p.JobStatus.RUNNING:
         cause = rt.coordinator.must_fail_cause or "checkpoint failures"
         job_failed(batch, rt, cause, kind="CHECKPOINT_FAILURE", dedupe=f"cpfail:{rt.attempt}")
@@ -357,21 +378,28 @@ def job_failed(
         batch.writer.job(rt.job_id, restart_due_at=rt.restart_due_at, restart_cause=cause)
         return
     # Step 3b
+    fail_for_good(batch, rt, cause, f"{cause} ({decision.message})")
+
+
+def fail_for_good(batch: Batch, rt: JobRuntime, cause: str, final: str | None = None) -> None:
+    """The job ends FAILED without a restart: FAILING, pending checkpoints aborted, the driver
+    told (``cause``), FAILED (``final``, else ``cause``)."""
+    drop_restart(batch, rt)
     set_status(batch, rt, p.JobStatus.FAILING, cause)
     handle_failed(
         batch, rt, rt.coordinator.abort_all(Reason.JOB_FAILOVER_REGION, f"job failed: {cause}")
     )
     batch.command(rt.job_id, rt.attempt, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
-    set_status(batch, rt, p.JobStatus.FAILED, f"{cause} ({decision.message})")
+    set_status(batch, rt, p.JobStatus.FAILED, final or cause)
 
 
-def restart_now(batch: Batch, rt: JobRuntime) -> None:
-    """A due restart: the next attempt restores the latest completed checkpoint."""
-    cause = rt.restart_cause or "restart"
-    rt.restart_due_at, rt.restart_cause = None, None
-    decision = rt.coordinator.failover(cause)
-    batch.writer.job(rt.job_id, restart_due_at=None, restart_cause=None)
-    start_attempt(batch, rt, decision, request_id=None)
+def drop_restart(batch: Batch, rt: JobRuntime) -> None:
+    """Forget a decided restart that is still due (the job ended, or another start wins), and
+    the check of its checkpoints' files."""
+    rt.failover_check = None
+    if rt.restart_due_at is not None or rt.restart_cause is not None:
+        rt.restart_due_at, rt.restart_cause = None, None
+        batch.writer.job(rt.job_id, restart_due_at=None, restart_cause=None)
 
 
 def start_attempt(
@@ -384,6 +412,7 @@ def start_attempt(
         else "the beginning"
     )
     log.info("job %s: attempt %d starts from %s", rt.job_id, decision.attempt, cp_name)
+    drop_restart(batch, rt)  # this start supersedes a restart still due
     handle_failed(batch, rt, decision.aborted)
     rt.final_requested = False
     rt.stop_checkpoint = None

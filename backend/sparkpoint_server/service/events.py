@@ -15,37 +15,36 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock
 from sparkpoint.errors import CheckpointError, ConfigurationError, StaleAttemptError
-from sparkpoint.runtime.recovery import restore_point_from_metadata, storage_for_checkpoint_path
+from sparkpoint.runtime.recovery import (
+    RestorePoint,
+    restore_point_from_metadata,
+    storage_for_checkpoint_path,
+)
 from sparkpoint_server.coordination.job import (
     JobRuntime,
     build_runtime,
     checkpoint_config_dict,
 )
+from sparkpoint_server.service import completions
 from sparkpoint_server.service import decisions as d
+from sparkpoint_server.service import failover as fo
+from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
+from sparkpoint_server.service.storage_io import StorageRoots, state_paths
 from sparkpoint_server.storage.models import Job
 
 log = logging.getLogger(__name__)
 
 
-# Events that neither read nor change completed checkpoints: completions whose ``_metadata``
-# is still being written may stay open while they are applied.
-COMPLETION_SAFE = frozenset(
-    {
-        p.SnapshotCompleted,
-        p.BarrierInjected,
-        p.BarrierReceived,
-        p.AlignmentCompleted,
-        p.Heartbeat,
-        p.SinkCommitted,  # for a checkpoint notified in an earlier batch: its pin only
-    }
-)
-
-
 class RejectedEventError(CheckpointError):
     """A well-formed event that contradicts the job's state (unknown subtask, checkpoint never
     triggered, unknown job): it goes to the dead-letter stream with this message."""
+
+
+class UnknownJobError(RejectedEventError):
+    """An event of a job nobody registered: refused before anything changed, so the rest of
+    its batch can still be applied."""
 
 
 class EventApplier:
@@ -59,8 +58,12 @@ class EventApplier:
         checkpoint_dir: str,
         savepoint_dir: str,
         on_stale: Callable[[], None],
+        heartbeat_timeout_ms: int,
+        roots: StorageRoots,
     ) -> None:
         self.jobs = jobs
+        self.roots = roots
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
         self.savepoint_dir = savepoint_dir
@@ -82,17 +85,18 @@ class EventApplier:
     def apply(self, batch: Batch, env: p.Envelope, payload: Any) -> None:
         """Apply one event. Raises :class:`RejectedEventError` for an event to dead-letter."""
         if isinstance(payload, p.JobRegistered):
-            d.finish_completions(batch)
             self._registered(batch, env, payload)
             return
         rt = self.jobs.get(env.job_id)
+        if isinstance(payload, p.DriverHeartbeat):  # of a driver process, whatever its attempt
+            if rt is not None:
+                hb.received(batch, rt, self.clock.monotonic_ms(), payload.incarnation)
+            return
         if rt is None:
-            raise RejectedEventError(f"{env.type} event of unknown job {env.job_id}")
+            raise UnknownJobError(f"{env.type} event of unknown job {env.job_id}")
         handler = self._handlers.get(type(payload))
         if handler is None:
             return  # decisions a standalone driver would make (triggered, completed...)
-        if batch.completions and type(payload) not in COMPLETION_SAFE:
-            d.finish_completions(batch)  # what follows may read the completed checkpoints
         if env.attempt < rt.attempt:
             self.on_stale()
             return
@@ -107,8 +111,10 @@ class EventApplier:
 
     def _registered(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
         """Steps: (1) a duplicate (same driver process) gets its start command again,
-        (2) a restarted driver of a known job fails the job over, (3) a new job starts at
-        attempt 1 from the beginning or from ``from_checkpoint``."""
+        (2) a restarted driver of a known job fails the job over (or, when the silence of the
+        previous driver already did, gets the restore decided then), (3) a new job starts at
+        attempt 1 from the beginning or from ``from_checkpoint``. The registering driver is
+        watched from then on if it sends heartbeats."""
         rt = self.jobs.get(env.job_id)
         if rt is None:  # a job that ended before this control plane started
             row = batch.writer.session.get(Job, env.job_id)
@@ -117,34 +123,12 @@ class EventApplier:
                 self.jobs[rt.job_id] = rt
         # Step 1
         if rt is not None and rt.incarnation == ev.incarnation and ev.incarnation is not None:
-            start = rt.start_command  # lost with a control-plane restart: rebuilt below
-            if start is None or start.new_attempt != rt.attempt:
-                cp = rt.coordinator.store.get(rt.restore_pin) if rt.restore_pin else None
-                start = d.restore_command(rt, cp, rt.attempt, None)
-            batch.command(rt.job_id, rt.attempt, start)
+            hb.received(batch, rt, self.clock.monotonic_ms())
+            batch.command(rt.job_id, rt.attempt, _start_command(rt))
             return
         # Step 2
         if rt is not None:
-            rt.incarnation = ev.incarnation
-            batch.writer.job(
-                rt.job_id,
-                incarnation=ev.incarnation,
-                updated_at=batch.now,
-                spark_application_id=None,  # the new driver names its own once RUNNING
-                spark_ui_url=None,
-            )
-            cause = "the job's driver process registered again (it was restarted)"
-            batch.writer.exception(
-                f"{rt.job_id}:driver:{ev.incarnation}",
-                job_id=rt.job_id,
-                attempt=rt.attempt,
-                timestamp=batch.now,
-                kind="DRIVER_RESTART",
-                cause=cause,
-                action="restore the latest completed checkpoint",
-            )
-            d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
-            d.start_attempt(batch, rt, rt.coordinator.failover(cause), request_id=None)
+            self._restarted_driver(batch, rt, ev)
             return
         # Step 3: a configuration the control plane cannot run is refused, and the job told
         # why (it would otherwise wait for a start that never comes).
@@ -154,6 +138,63 @@ class EventApplier:
             cause = f"the control plane refused job {env.job_id}: {err}"
             log.warning("%s", cause)
             batch.command(env.job_id, 0, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
+            return
+        self._watch(batch, self.jobs[env.job_id], ev)
+
+    def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+        """A new driver process of a known job: fail over to the latest completed checkpoint,
+        with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
+
+        When the previous driver's silence already failed the job over (RESTARTING), the
+        restart strategy has decided: the new driver gets that restore (now, or from the
+        timer when its delay is over), and no second failover is counted.
+        """
+        lost, rt.incarnation = rt.driver_lost, ev.incarnation
+        batch.writer.job(
+            rt.job_id,
+            incarnation=ev.incarnation,
+            updated_at=batch.now,
+            spark_application_id=None,  # the new driver names its own once RUNNING
+            spark_ui_url=None,
+            spark_executors=None,
+            **_guarantee_columns(ev),  # the new driver may run a changed job
+        )
+        self._watch(batch, rt, ev)
+        restarted = "the job's driver process registered again (it was restarted)"
+        cause = f"{restarted}: {ev.previous_failure}" if ev.previous_failure else restarted
+        decided = lost and rt.status is p.JobStatus.RESTARTING
+        batch.writer.exception(
+            f"{rt.job_id}:driver:{ev.incarnation}",
+            job_id=rt.job_id,
+            attempt=rt.attempt,
+            timestamp=batch.now,
+            kind="DRIVER_RESTART",
+            cause=cause,
+            action=(
+                "the restart decided when the previous driver's heartbeats stopped goes on"
+                if decided
+                else "restore the latest completed checkpoint"
+            ),
+        )
+        if decided:
+            if rt.restart_due_at is None:  # the restore went to the previous driver: again
+                batch.command(rt.job_id, rt.attempt, _start_command(rt))
+            return
+        d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
+        fo.fail_over(batch, rt, cause, batch.failover_verdicts.get(rt.job_id, {}))
+
+    def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+        interval = ev.heartbeat_interval_ms
+        if interval is not None and 2 * interval > self.heartbeat_timeout_ms:
+            log.warning(
+                "job %s: its driver sends a heartbeat every %d ms, too rarely for the heartbeat "
+                "timeout of %d ms (SPARKPOINT_HEARTBEAT_TIMEOUT): one late heartbeat fails it "
+                "over; lower its SPARKPOINT_HEARTBEAT_INTERVAL",
+                rt.job_id,
+                interval,
+                self.heartbeat_timeout_ms,
+            )
+        hb.watch(batch, rt, interval, self.clock.monotonic_ms())
 
     def _new_job(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
         graph = {
@@ -161,10 +202,7 @@ class EventApplier:
             "edges": [list(e) for e in ev.edges],
         }
         config = dict(ev.config)
-        point = None
-        if config.get("from_checkpoint"):
-            path = str(config["from_checkpoint"])
-            point = restore_point_from_metadata(storage_for_checkpoint_path(path), path)
+        point = self._start_point(batch, env.job_id, config)
         rt = build_runtime(
             job_id=env.job_id,
             name=ev.job_name,
@@ -194,6 +232,7 @@ class EventApplier:
             checkpoint_config=checkpoint_config_dict(rt.coordinator.config),
             restart_strategy=dict(rt.restart.to_config()),
             next_checkpoint_id=rt.coordinator.next_checkpoint_id,
+            **_guarantee_columns(ev),
         )
         batch.writer.status_change(
             job_id=rt.job_id,
@@ -212,6 +251,36 @@ class EventApplier:
         rt.start_command = restore
         batch.command(rt.job_id, 1, restore)
 
+    def _start_point(
+        self, batch: Batch, job_id: str, config: dict[str, Any]
+    ) -> RestorePoint | None:
+        """Check the storage a new job names; the checkpoint it starts from (read before the
+        lock was taken), if any.
+
+        Raises:
+            ConfigurationError: its checkpoint directory, its ``--from-checkpoint`` or a state
+                file that one names is outside the storage roots, or it could not be read.
+        """
+        refusal = self.roots.registration_refusal(config)
+        if refusal is not None:
+            raise ConfigurationError(f"job {job_id}: {refusal}")
+        if not config.get("from_checkpoint"):
+            return None
+        path = str(config["from_checkpoint"])
+        point = batch.restore_points.get(path)
+        if not isinstance(point, RestorePoint):
+            raise ConfigurationError(
+                f"job {job_id}: --from-checkpoint {path!r}: {point or 'not read'}"
+            )
+        roots = self.roots.of_job(config)
+        for state in (path for a in point.acks for h in a.handles for path in state_paths(h)):
+            if not roots.contains(state):
+                raise ConfigurationError(
+                    f"job {job_id}: --from-checkpoint {path!r} names state at "
+                    f"{state!r}, outside the storage roots: {roots.describe()}"
+                )
+        return point
+
     # ------------------------------------------------------------------ status, failures
 
     def _status(
@@ -228,16 +297,7 @@ class EventApplier:
         if ev.status is p.JobStatus.FAILED and rt.status is not p.JobStatus.FAILING:
             # The job gave up on its own (Flink: RUNNING -> FAILING -> FAILED).
             d.set_status(batch, rt, p.JobStatus.FAILING, ev.cause)
-        changed = d.set_status(batch, rt, ev.status, ev.cause)
-        if changed and ev.status is p.JobStatus.CANCELED and rt.cancel_request is not None:
-            batch.writer.operation(rt.cancel_request, status=d.OK, updated_at=batch.now)
-            rt.cancel_request = None
-        if changed and not rt.active:  # the job is over: nothing pending can complete
-            aborted = rt.coordinator.abort_all(
-                d.Reason.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the job is {ev.status.value}"
-            )
-            d.handle_failed(batch, rt, aborted)
-            rt.stop_checkpoint = None
+        d.set_status_and_settle(batch, rt, ev.status, ev.cause)
 
     def _task_failed(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.TaskFailed) -> None:
         if not rt.active:
@@ -272,13 +332,26 @@ class EventApplier:
 
     # ------------------------------------------------------------------ checkpoint events
 
-    def _known(self, rt: JobRuntime, checkpoint_id: int) -> bool:
-        return checkpoint_id < rt.coordinator.next_checkpoint_id
+    def _known(self, rt: JobRuntime, env: p.Envelope, ev: Any) -> bool:
+        """Whether a barrier or alignment event's checkpoint was triggered (if not, it is
+        ignored). One of a subtask the job does not have, or of a newer attempt, is refused:
+        its row would be a subtask no acknowledgement can match, or overwrite the current
+        attempt's (as for acknowledgements, ``CheckpointCoordinator.acknowledge``)."""
+        what = f"job {rt.job_id}: {env.type} of checkpoint {ev.checkpoint_id}"
+        where = f"{ev.operator_id}[{ev.subtask}]"
+        if env.attempt > rt.attempt:
+            raise RejectedEventError(
+                f"{what} by {where} carries attempt {env.attempt}, newer than the current "
+                f"attempt {rt.attempt}"
+            )
+        if ev.subtask >= rt.tasks.get(ev.operator_id, 0):
+            raise RejectedEventError(f"{what}: unknown subtask {where} (operators: {rt.tasks})")
+        return bool(ev.checkpoint_id < rt.coordinator.next_checkpoint_id)
 
     def _barrier_injected(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.BarrierInjected
     ) -> None:
-        if self._known(rt, ev.checkpoint_id):
+        if self._known(rt, env, ev):
             key = (rt.job_id, ev.checkpoint_id, ev.operator_id, ev.subtask)
             batch.writer.subtask(key, attempt=env.attempt, barrier_timestamp=ev.timestamp)
             batch.writer.checkpoint(rt.job_id, ev.checkpoint_id, epoch=ev.epoch)
@@ -286,14 +359,14 @@ class EventApplier:
     def _barrier_received(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.BarrierReceived
     ) -> None:
-        if self._known(rt, ev.checkpoint_id):
+        if self._known(rt, env, ev):
             key = (rt.job_id, ev.checkpoint_id, ev.operator_id, ev.subtask)
             batch.writer.subtask(key, attempt=env.attempt, barrier_timestamp=ev.timestamp)
 
     def _alignment(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.AlignmentCompleted
     ) -> None:
-        if self._known(rt, ev.checkpoint_id):
+        if self._known(rt, env, ev):
             batch.writer.subtask(
                 (rt.job_id, ev.checkpoint_id, ev.operator_id, ev.subtask),
                 attempt=env.attempt,
@@ -333,8 +406,7 @@ class EventApplier:
             batch.later(lambda: storage.discard(job_id, cid))
             return
         if result.completed is not None:
-            d.complete(batch, rt, result.completed, self.savepoint_dir)
-            d.handle_failed(batch, rt, rt.coordinator.drain_failed())
+            completions.complete_and_subsume(batch, rt, result.completed, self.savepoint_dir)
         else:
             d.acknowledged(batch, rt, ack)
 
@@ -358,6 +430,7 @@ class EventApplier:
         d.sink_committed(batch, rt, ev)
 
     def _heartbeat(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.Heartbeat) -> None:
+        hb.received(batch, rt, self.clock.monotonic_ms())
         batch.writer.heartbeat(
             rt.job_id,
             env.attempt,
@@ -374,3 +447,28 @@ class EventApplier:
             source_lag=ev.source_lag,
             last_heartbeat=env.timestamp,
         )
+        if ev.executors is not None:  # a driver that lists its Spark executors
+            batch.writer.job(
+                rt.job_id, spark_executors=[e.model_dump(mode="json") for e in ev.executors]
+            )
+
+
+def read_restore_point(path: str) -> RestorePoint:
+    """The checkpoint at ``path`` (storage I/O: call it outside the lock, bounded in time)."""
+    return restore_point_from_metadata(storage_for_checkpoint_path(path), path)
+
+
+def _start_command(rt: JobRuntime) -> p.RestoreJob:
+    """The ``restore`` that starts the job's current attempt (rebuilt when a control-plane
+    restart lost it)."""
+    start = rt.start_command
+    if start is None or start.new_attempt != rt.attempt:
+        cp = rt.coordinator.store.get(rt.restore_pin) if rt.restore_pin else None
+        start = d.restore_command(rt, cp, rt.attempt, None)
+    return start
+
+
+def _guarantee_columns(ev: p.JobRegistered) -> dict[str, str | None]:
+    """The job row's guarantee columns from a registration (both None: not reported)."""
+    g = ev.guarantee
+    return {"guarantee_level": g.level if g else None, "guarantee_reason": g.reason if g else None}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sparkpoint import protocol as p
@@ -25,6 +25,11 @@ from sparkpoint.checkpointing.pending import (
     expected_subtasks,
 )
 from sparkpoint.clock import Clock
+from sparkpoint_server.coordination.heartbeat import (
+    HEARTBEAT_TIMEOUT,
+    DriverHeartbeatMonitor,
+    lost_driver_key,
+)
 from sparkpoint_server.coordination.job import (
     RESTORE_PIN,
     TERMINAL,
@@ -86,11 +91,14 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         .order_by(Checkpoint.checkpoint_id)
     ).all()
     expected = expected_subtasks(job.job_id, rt.tasks)
-    pending = [
-        _pending(r, acks[r.checkpoint_id], expected, rt)
-        for r in rows
-        if r.status == "IN_PROGRESS" and r.attempt == job.attempt
-    ]
+    pending = []
+    for r in rows:
+        if r.status != "IN_PROGRESS" or r.attempt != job.attempt:
+            continue
+        row_acks = dict(acks[r.checkpoint_id])
+        if row_acks and len(row_acks) == len(expected):  # its completion was not recorded
+            rt.held_acks.append((r.attempt, row_acks.pop(max(row_acks))))
+        pending.append(_pending(r, row_acks, expected, rt))
     pins = [
         (r.checkpoint_id, UNCOMMITTED_PIN)
         for r in rows
@@ -121,6 +129,7 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         if r.status == "IN_PROGRESS" and r.is_final:
             rt.final_requested = True
     rt.restart_due_at, rt.restart_cause = job.restart_due_at, job.restart_cause
+    _watch_driver(session, job, rt, clock)
     _requests(session, rt)
     _replay_restart_strategy(session, rt)
     return rt
@@ -202,7 +211,9 @@ def _requests(session: Session, rt: JobRuntime) -> None:
         select(Operation).where(Operation.job_id == rt.job_id, Operation.status == "IN_PROGRESS")
     ).all()
     pending = rt.coordinator.pending
-    for op in ops:
+    for op in sorted(ops, key=lambda o: o.created_at):
+        if op.kind == "checkpoint" and op.checkpoint_id is None:
+            rt.queued_checkpoints.append(op.request_id)  # a queued manual request
         if op.kind == "restore" and op.attempt is not None:
             rt.restore_request = (op.attempt, op.request_id)
         elif op.kind == "cancel":
@@ -213,6 +224,29 @@ def _requests(session: Session, rt: JobRuntime) -> None:
             rt.cancel_after.add(op.checkpoint_id)
 
 
+def _watch_driver(session: Session, job: Job, rt: JobRuntime, clock: Clock) -> None:
+    """Watch the job's driver again, giving it a full heartbeat timeout from now (this
+    control plane may have been down), unless its silence failed the job over and it has
+    not been heard from since."""
+    if job.heartbeat_interval is None or job.incarnation is None or not rt.active:
+        return
+    prefix = f"{job.job_id}:{lost_driver_key(job.incarnation)}"
+    stmt = select(func.max(JobException.timestamp)).where(
+        JobException.dedupe_key.startswith(prefix)
+    )
+    lost_at = session.execute(stmt).scalar_one()
+    if lost_at is not None and (job.last_driver_heartbeat or 0) <= lost_at:
+        rt.driver_lost = True
+        return
+    rt.heartbeat = DriverHeartbeatMonitor(
+        job_id=job.job_id,
+        incarnation=job.incarnation,
+        since_monotonic_ms=clock.monotonic_ms(),
+        last_at=job.last_driver_heartbeat,
+        watching_since=clock.now_ms(),
+    )
+
+
 def _replay_restart_strategy(session: Session, rt: JobRuntime) -> None:
     """The restart strategy remembers earlier failures (failure-rate's window, exponential
     backoff): replay the recorded failures and RUNNING transitions in order."""
@@ -220,7 +254,7 @@ def _replay_restart_strategy(session: Session, rt: JobRuntime) -> None:
     for ts in session.scalars(
         select(JobException.timestamp).where(
             JobException.job_id == rt.job_id,
-            JobException.kind.in_(["TASK_FAILURE", "CHECKPOINT_FAILURE"]),
+            JobException.kind.in_(["TASK_FAILURE", "CHECKPOINT_FAILURE", HEARTBEAT_TIMEOUT]),
         )
     ):
         moments.append((ts, 1, "failure"))

@@ -8,14 +8,17 @@ complete later, and sends the job its command.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsspec.core import split_protocol, url_to_fs
-from fsspec.registry import known_implementations
+from fsspec.registry import get_filesystem_class
 
 from sparkpoint import protocol as p
+from sparkpoint.checkpointing.pending import CheckpointFailureReason as Reason
 from sparkpoint.checkpointing.pending import CheckpointTriggerError, CompletedCheckpoint
 from sparkpoint.checkpointing.restart import restart_strategy_from_config
+from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import (
     CheckpointNotFoundError as RuntimeCheckpointNotFound,
 )
@@ -31,12 +34,24 @@ from sparkpoint_server.errors import (
     ConflictError,
     CorruptCheckpointError,
     InvalidRequestError,
+    StorageUnavailableError,
 )
 from sparkpoint_server.service import decisions as d
+from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.batch import Batch
+from sparkpoint_server.service.storage_io import state_paths
 
 if TYPE_CHECKING:
     from sparkpoint_server.service.control_plane import ControlPlane
+
+T = TypeVar("T")
+# What a restore's reads raise on purpose: mapped to 404 / 422 answers by the callers.
+EXPECTED = (
+    RuntimeCheckpointNotFound,
+    CorruptSnapshotError,
+    StorageLocationError,
+    ConfigurationError,
+)
 
 
 def _new_operation(batch: Batch, rt: JobRuntime, kind: str, **params: Any) -> str:
@@ -61,15 +76,28 @@ def check_directory(field: str, value: str | None) -> str | None:
     protocol, path = split_protocol(value)
     if protocol is None and not value.startswith("/"):
         raise InvalidRequestError(field, f"{value!r} must be an absolute path or a URL")
-    if protocol is not None and protocol not in known_implementations and protocol != "file":
-        raise InvalidRequestError(field, f"unknown filesystem {protocol!r} in {value!r}")
+    if protocol is not None:
+        try:
+            get_filesystem_class(protocol)
+        except (ImportError, ValueError) as err:
+            raise InvalidRequestError(
+                field, f"unknown filesystem {protocol!r} in {value!r}: {err}"
+            ) from err
     if ".." in path.split("/"):
         raise InvalidRequestError(field, f"{value!r} must not contain '..'")
     return value
 
 
-def verify_restorable(rt: JobRuntime, point: RestorePoint, storage: Any) -> None:
-    """Refuse a checkpoint whose state does not fit the job or fails its checksums."""
+def check_target(plane: ControlPlane, rt: JobRuntime, field: str, value: str | None) -> str | None:
+    """:func:`check_directory`, and under the job's storage roots (else a 400 naming them)."""
+    value = check_directory(field, value)
+    return None if value is None else plane.roots.of_job(rt.config).check(field, value)
+
+
+def check_restore_point(plane: ControlPlane, rt: JobRuntime, point: RestorePoint) -> None:
+    """Refuse a checkpoint whose state does not fit the job, or whose handles (their paths and
+    a native snapshot's shared files) point outside the job's storage roots (a crafted
+    ``_metadata`` must not make the server read any file)."""
     unknown = sorted({a.operator_id for a in point.acks} - set(rt.tasks))
     if unknown:
         raise InvalidRequestError(
@@ -77,14 +105,33 @@ def verify_restorable(rt: JobRuntime, point: RestorePoint, storage: Any) -> None
             f"checkpoint {point.checkpoint_id} has state of operators {unknown} that job "
             f"{rt.job_id} does not have (its operators: {sorted(rt.tasks)})",
         )
+    roots = plane.roots.of_job(rt.config)
+    for ack in point.acks:
+        for path in (path for handle in ack.handles for path in state_paths(handle)):
+            if not roots.contains(path):
+                raise InvalidRequestError(
+                    "savepoint_path",
+                    f"checkpoint {point.checkpoint_id} of job {rt.job_id}: the state of "
+                    f"{ack.operator_id}[{ack.subtask}] at {path!r} is outside the "
+                    f"storage roots: {roots.describe()}",
+                )
+
+
+def _verify_state(point: RestorePoint, storage: CheckpointStorage) -> None:
+    """Check every state file of ``point`` (:meth:`CheckpointStorage.verify_handles`): a
+    native snapshot's manifest and each file it lists, its shared files included."""
+    storage.verify_handles(h for ack in point.acks for h in ack.handles)
+
+
+def _storage(plane: ControlPlane, what: str, fn: Callable[..., T], *args: Any) -> T:
+    """A storage call bounded by the storage timeout (never under the lock); the errors a
+    restore expects come back as they are, anything else as a StorageUnavailableError."""
     try:
-        for ack in point.acks:
-            for handle in ack.handles:
-                storage.read_state(handle)
-    except (CorruptSnapshotError, StorageLocationError) as err:
-        raise CorruptCheckpointError(
-            f"checkpoint {point.checkpoint_id} of job {rt.job_id} cannot be restored: {err}"
-        ) from err
+        return storage_io.call(what, plane.storage_timeout_s, fn, *args)
+    except StorageUnavailableError as err:
+        if isinstance(err.__cause__, EXPECTED):
+            raise err.__cause__ from None
+        raise
 
 
 def trigger_checkpoint(plane: ControlPlane, job_id: str) -> str:
@@ -94,14 +141,18 @@ def trigger_checkpoint(plane: ControlPlane, job_id: str) -> str:
 def trigger_savepoint(
     plane: ControlPlane, job_id: str, target_directory: str | None, cancel_job: bool
 ) -> str:
-    target = check_directory("target-directory", target_directory)
+    check_directory("target-directory", target_directory)
+    rt = plane.active_runtime(job_id)
+    target = check_target(plane, rt, "target-directory", target_directory)
     return _trigger(
         plane, job_id, p.CheckpointKind.SAVEPOINT, "savepoint", target, cancel_job=cancel_job
     )
 
 
 def stop_with_savepoint(plane: ControlPlane, job_id: str, target_directory: str | None) -> str:
-    target = check_directory("target-directory", target_directory)
+    check_directory("target-directory", target_directory)
+    rt = plane.active_runtime(job_id)
+    target = check_target(plane, rt, "target-directory", target_directory)
     return _trigger(plane, job_id, p.CheckpointKind.SAVEPOINT, "stop", target, stop=True)
 
 
@@ -127,7 +178,13 @@ def _trigger(
                 batch, rt, kind, target_directory=target, request_id=request_id, stop=stop
             )
         except CheckpointTriggerError as err:
-            raise ConflictError(str(err)) from err
+            if err.reason is not Reason.TOO_MANY_CHECKPOINT_REQUESTS:
+                raise ConflictError(str(err)) from err
+            try:  # only manual checkpoints can be refused so: queued, as Flink does
+                d.queue_checkpoint(batch, rt, request_id, err.args[0])
+            except CheckpointTriggerError as full:
+                raise ConflictError(str(full)) from full
+            return request_id
         if cancel_job:
             rt.cancel_after.add(pending.checkpoint_id)
     return request_id
@@ -157,9 +214,14 @@ def restore(
                 f"checkpoint {checkpoint_id} of job {job_id} is not retained; "
                 f"retained checkpoints and savepoints: {retained or 'none'}"
             )
+        if checkpoint_id in rt.finalizing:
+            raise ConflictError(
+                f"checkpoint {checkpoint_id} of job {job_id} is still being written; "
+                "restore it once it completed"
+            )
         _check_files(plane, rt, cp)
     else:
-        path = check_directory("savepoint_path", savepoint_path)
+        path = check_target(plane, rt, "savepoint_path", savepoint_path)
         assert path is not None
         cp = _read_savepoint(plane, rt, path)
     # Step 2, 3
@@ -169,55 +231,76 @@ def restore(
             batch, rt, "restore", checkpoint_id=cp.checkpoint_id, path=cp.external_path
         )
         cause = f"restore of {cp.kind.value} {cp.checkpoint_id} requested"
+        d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
+        # Completions still being written fail first: only written checkpoints are restored.
+        d.take_back_completions(batch, rt, cause)
         if rt.coordinator.store.get(cp.checkpoint_id) is not None:
             decision = rt.coordinator.restore_to(cp.checkpoint_id)
         else:
             decision = rt.coordinator.restore_from(cp, cause)
-        rt.restart_due_at, rt.restart_cause = None, None
-        batch.writer.job(job_id, restart_due_at=None, restart_cause=None)
-        d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
         d.start_attempt(batch, rt, decision, request_id)
     return request_id
 
 
 def _check_files(plane: ControlPlane, rt: JobRuntime, cp: CompletedCheckpoint) -> None:
+    """A retained checkpoint's ``_metadata`` and state files are there and intact (read with
+    the storage timeout, outside the lock)."""
+    name = f"checkpoint {cp.checkpoint_id} of job {rt.job_id}"
     if cp.external_path is not None:
         try:
-            point = restore_point_from_metadata(rt.storage, cp.external_path)
+            point = _storage(
+                plane,
+                f"{name}: reading {cp.external_path}",
+                restore_point_from_metadata,
+                rt.storage,
+                cp.external_path,
+            )
         except RuntimeCheckpointNotFound as err:
-            raise CheckpointNotFoundError(
-                f"checkpoint {cp.checkpoint_id} of job {rt.job_id} no longer exists: {err}"
-            ) from err
+            raise CheckpointNotFoundError(f"{name} no longer exists: {err}") from err
         except CorruptSnapshotError as err:
             raise CorruptCheckpointError(str(err)) from err
     else:
         point = RestorePoint.of(cp)
+    check_restore_point(plane, rt, point)
     storage = (
         storage_for_checkpoint_path(cp.external_path)
         if cp.is_savepoint and cp.external_path
         else rt.storage
     )
     try:
-        verify_restorable(rt, point, storage)
-    except CorruptCheckpointError as err:
+        _storage(plane, f"{name}: reading its state", _verify_state, point, storage)
+    except (CorruptSnapshotError, StorageLocationError) as err:
+        message = f"{name} cannot be restored: {err}"
         if "No such file" in str(err) or "missing" in str(err):
-            raise CheckpointNotFoundError(str(err)) from err
-        raise
+            raise CheckpointNotFoundError(message) from err
+        raise CorruptCheckpointError(message) from err
 
 
-def _read_savepoint(plane: ControlPlane, rt: JobRuntime, path: str) -> CompletedCheckpoint:
+def _read_point(path: str) -> tuple[RestorePoint, Any]:
+    """The savepoint at ``path`` and a storage that reads its handles (storage I/O)."""
     fs, fs_path = url_to_fs(path)
     metadata = fs_path if fs_path.endswith("/_metadata") else fs_path.rstrip("/") + "/_metadata"
     if not fs.exists(metadata):
-        raise CheckpointNotFoundError(f"savepoint_path: no savepoint at {path} (no _metadata)")
+        raise RuntimeCheckpointNotFound(f"no savepoint at {path} (no _metadata)")
+    storage = storage_for_checkpoint_path(path)
+    return restore_point_from_metadata(storage, path), storage
+
+
+def _read_savepoint(plane: ControlPlane, rt: JobRuntime, path: str) -> CompletedCheckpoint:
+    what = f"job {rt.job_id}: reading savepoint {path}"
     try:
-        storage = storage_for_checkpoint_path(path)
-        point = restore_point_from_metadata(storage, path)
+        point, storage = _storage(plane, what, _read_point, path)
     except RuntimeCheckpointNotFound as err:
         raise CheckpointNotFoundError(f"savepoint_path: {err}") from err
     except (CorruptSnapshotError, StorageLocationError, ConfigurationError) as err:
         raise CorruptCheckpointError(f"savepoint_path: {err}") from err
-    verify_restorable(rt, point, storage)
+    check_restore_point(plane, rt, point)
+    try:
+        _storage(plane, f"{what}: its state", _verify_state, point, storage)
+    except (CorruptSnapshotError, StorageLocationError) as err:
+        raise CorruptCheckpointError(
+            f"checkpoint {point.checkpoint_id} of job {rt.job_id} cannot be restored: {err}"
+        ) from err
     return CompletedCheckpoint(
         checkpoint_id=point.checkpoint_id,
         kind=p.CheckpointKind.SAVEPOINT,
@@ -237,14 +320,16 @@ def cancel(plane: ControlPlane, job_id: str) -> str:
         batch.touched.add(job_id)
         request_id = _new_operation(batch, rt, "cancel")
         rt.cancel_request = request_id
-        rt.restart_due_at, rt.restart_cause = None, None
-        batch.writer.job(job_id, restart_due_at=None, restart_cause=None)
+        d.drop_restart(batch, rt)
         d.set_status(batch, rt, p.JobStatus.CANCELLING, "cancel requested")
         aborted = rt.coordinator.abort_all(
             d.Reason.CHECKPOINT_COORDINATOR_SHUTDOWN, "the job is being cancelled"
         )
         d.handle_failed(batch, rt, aborted)
         batch.command(job_id, rt.attempt, p.CancelJob(cause="cancel requested"))
+        if rt.driver_lost:  # its driver is gone, no new one registered: nobody to tell
+            cause = "cancel requested; no driver is running (its heartbeats had stopped)"
+            d.set_status_and_settle(batch, rt, p.JobStatus.CANCELED, cause)
     return request_id
 
 

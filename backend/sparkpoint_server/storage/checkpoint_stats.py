@@ -435,7 +435,10 @@ def _subtask_entry(index: int, row: AnyRow | None, aborted: bool) -> dict[str, A
 
 
 def _handle(handle: dict[str, Any]) -> dict[str, Any]:
-    """A state handle as stored in the acknowledgement, without its inline bytes."""
+    """A state handle as stored in the acknowledgement, without its inline bytes: its format
+    and, for a native (incremental) snapshot, the files of the job's ``shared/`` directory it
+    references (how many, their bytes, each path and size)."""
+    shared = [f for f in handle.get("shared") or [] if isinstance(f, dict)]
     return {
         "path": handle.get("path"),
         "size": handle.get("size"),
@@ -443,4 +446,8 @@ def _handle(handle: dict[str, Any]) -> dict[str, Any]:
         "key_group_start": handle.get("key_group_start"),
         "key_group_end": handle.get("key_group_end"),
         "inline": handle.get("inline") is not None,
+        "format": handle.get("format"),
+        "shared_files": len(shared),
+        "shared_size": sum(int(f.get("size") or 0) for f in shared),
+        "shared": [{"path": f.get("path"), "size": f.get("size")} for f in shared],
     }

@@ -49,6 +49,8 @@ class Job(Base):
     # The Spark application of the current driver, as its RUNNING reported it (None until then).
     spark_application_id: Mapped[str | None] = mapped_column(String(200))
     spark_ui_url: Mapped[str | None] = mapped_column(Text)  # None too when the UI is off
+    # Its executors and their hosts, as the latest heartbeat listed them (None: not reported).
+    spark_executors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     start_time: Mapped[int] = mapped_column(BigInteger)
@@ -74,6 +76,16 @@ class Job(Base):
     records_per_second: Mapped[float] = mapped_column(Float, default=0.0)
     source_lag: Mapped[int] = mapped_column(BigInteger, default=0)
     last_heartbeat: Mapped[int | None] = mapped_column(BigInteger)
+    # The driver's liveness (Flink's heartbeat.timeout): the interval its registration
+    # announced (None: a driver that sends no ``driver_heartbeat``, not watched) and when the
+    # last one arrived (the control plane's clock).
+    heartbeat_interval: Mapped[int | None] = mapped_column(Integer)
+    last_driver_heartbeat: Mapped[int | None] = mapped_column(BigInteger)
+    # The end-to-end guarantee the latest registration reported (``exactly_once``,
+    # ``at_least_once``, ``at_most_once``) and why when it is weaker; None: a driver that
+    # does not report one.
+    guarantee_level: Mapped[str | None] = mapped_column(String(16))
+    guarantee_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Checkpoint(Base):
@@ -215,3 +227,53 @@ class Heartbeat(Base):
     duration_ms: Mapped[float] = mapped_column(Float)
     records_per_second: Mapped[float] = mapped_column(Float)
     source_lag: Mapped[int] = mapped_column(BigInteger)
+
+
+class EventSender(Base):
+    """The last event applied from one sender of a job (a driver process or its heartbeat
+    thread, ``sparkpoint.signing``): a copy of an older event is refused as a replay, also
+    after a restart of the control plane."""
+
+    __tablename__ = "event_senders"
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sender: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    # The stream entry that carried it ("<ms>-<n>"): the same entry read again after a crash
+    # is a redelivery (already applied), a later entry with an old seq a replay.
+    last_entry_id: Mapped[str] = mapped_column(String(48))
+
+
+class ApiToken(Base):
+    """An API token of a role (``viewer``, ``operator``, ``admin``), stored as the SHA-256 of its
+    secret: the secret itself is shown once, when the token is created, and never stored."""
+
+    __tablename__ = "api_tokens"
+
+    token_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    role: Mapped[str] = mapped_column(String(16))
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_by: Mapped[str] = mapped_column(String(200))  # "<name> (<token id>)" of the creator
+    expires_at: Mapped[int | None] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger)
+    revoked_by: Mapped[str | None] = mapped_column(String(200))
+
+
+class AuditEntry(Base):
+    """One mutating call of the REST API, allowed or refused: who, what, when, the outcome."""
+
+    __tablename__ = "audit_log"
+
+    entry_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    timestamp: Mapped[int] = mapped_column(BigInteger)
+    token_id: Mapped[str | None] = mapped_column(String(32))  # None: no or an unknown token
+    token_name: Mapped[str] = mapped_column(String(100))  # or "anonymous", "invalid token"
+    role: Mapped[str | None] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(500))
+    job_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    request_body: Mapped[str | None] = mapped_column(Text)  # a bounded summary, secrets redacted
+    status_code: Mapped[int] = mapped_column(Integer)
+    request_id: Mapped[str | None] = mapped_column(String(36))  # the operation's, if one started

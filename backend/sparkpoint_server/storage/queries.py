@@ -67,9 +67,13 @@ def require_job(session: Session, job_id: str) -> None:
 # ----------------------------------------------------------------------------- jobs
 
 
-def list_jobs(session: Session, now_ms: int) -> list[dict[str, Any]]:
-    """Every job, newest first, with its newest finished (completed or failed) checkpoint
-    (``last-checkpoint``: its outcome and when it finished) or ``None``."""
+def list_jobs(
+    session: Session, now_ms: int, *, limit: int | None = None, offset: int = 0
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the jobs (``limit`` after ``offset``; None: all), newest first, each with its
+    newest finished (completed or failed) checkpoint (``last-checkpoint``: its outcome and
+    when it finished) or ``None``; and how many jobs there are in all."""
+    total = session.execute(select(func.count()).select_from(Job.__table__)).scalar_one()
     c2 = Checkpoint.__table__.alias("newest")
     newest_id = (
         select(func.max(c2.c.checkpoint_id))
@@ -87,6 +91,8 @@ def list_jobs(session: Session, now_ms: int) -> list[dict[str, Any]]:
             J.attempt,
             J.restarts,
             J.records_per_second,
+            J.guarantee_level,
+            J.guarantee_reason,
             C.checkpoint_id,
             C.status.label("checkpoint_status"),
             C.trigger_timestamp,
@@ -95,8 +101,10 @@ def list_jobs(session: Session, now_ms: int) -> list[dict[str, Any]]:
         .select_from(Job.__table__)
         .outerjoin(Checkpoint, (C.job_id == J.job_id) & (C.checkpoint_id == newest_id))
         .order_by(J.start_time.desc(), J.job_id)
+        .limit(limit)
+        .offset(offset)
     ).all()
-    return [
+    page = [
         {
             "id": row.job_id,
             "name": row.name,
@@ -114,9 +122,11 @@ def list_jobs(session: Session, now_ms: int) -> list[dict[str, Any]]:
                 "timestamp": row.completion_timestamp or row.trigger_timestamp,
             },
             "records-per-second": row.records_per_second,
+            "guarantee": _guarantee(row.guarantee_level, row.guarantee_reason),
         }
         for row in rows
     ]
+    return page, total
 
 
 def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
@@ -193,8 +203,23 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
             "last-heartbeat": job.last_heartbeat,
         },
         "config": job.config,
-        "spark": {"ui-url": job.spark_ui_url, "application-id": job.spark_application_id},
+        "spark": {
+            "ui-url": job.spark_ui_url,
+            "application-id": job.spark_application_id,
+            "executors": _executors(job.spark_executors),
+        },
+        # The driver's liveness (null: a driver that sends no heartbeats, not watched).
+        "driver": {
+            "heartbeat-interval": job.heartbeat_interval,
+            "last-heartbeat": job.last_driver_heartbeat,
+        },
+        "guarantee": _guarantee(job.guarantee_level, job.guarantee_reason),
     }
+
+
+def _guarantee(level: str | None, reason: str | None) -> dict[str, Any] | None:
+    """A job's end-to-end guarantee as the API shows it; None when its driver reported none."""
+    return None if level is None else {"level": level, "reason": reason}
 
 
 def throughput(session: Session, job_id: str, limit: int) -> list[dict[str, Any]]:
@@ -360,6 +385,7 @@ def shape_checkpoint_config(current: dict[str, Any], registered: dict[str, Any])
     return {
         **shaped,
         "state_backend": registered.get("state_backend"),
+        "incremental": registered.get("incremental") is True,
         "checkpoint_storage": registered.get("checkpoint_storage"),
         "checkpoint_dir": registered.get("checkpoint_dir"),
         "changeable": list(CHANGEABLE),
@@ -440,3 +466,19 @@ def _task_name(operator_id: str | None, subtask: int | None) -> str | None:
     if operator_id is None:
         return None
     return operator_id if subtask is None else f"{operator_id}[{subtask}]"
+
+
+def _executors(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The executors as the API shows them (null: the driver does not report them)."""
+    if rows is None:
+        return None
+    return [
+        {
+            "id": r.get("executor_id"),
+            "host": r.get("host"),
+            "cores": r.get("cores"),
+            "active": r.get("active"),
+            "remove-reason": r.get("remove_reason"),
+        }
+        for r in rows
+    ]
