@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import runpy
 import sys
@@ -10,32 +11,73 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
-from sparkpoint.supervisor import SUPERVISED_ENV, supervise
+from sparkpoint.supervisor import (
+    EXIT_DRIVER_LOST,
+    EXIT_FAILED,
+    EXIT_INVALID_CONFIGURATION,
+    SUPERVISED_ENV,
+    TERMINATION_LOG_ENV,
+    exit_canceled,
+    supervise,
+)
 
 
 def _run(job: str, job_args: Sequence[str]) -> int:
+    """``sparkpoint run``: supervise the job, or (in the supervised child) be its driver."""
     if not os.path.isfile(job):
         print(f"sparkpoint run: no such job file: {job}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID_CONFIGURATION
     if os.environ.get(SUPERVISED_ENV) != "1":
         try:
             return supervise(job, job_args)
         except ConfigurationError as err:
             print(f"sparkpoint run: invalid configuration: {err}", file=sys.stderr)
-            return 2
+            return EXIT_INVALID_CONFIGURATION
+    return _drive(job, job_args)
+
+
+def _drive(job: str, job_args: Sequence[str]) -> int:
+    """Run the job file as its driver; map how it ended to the exit codes of
+    :mod:`sparkpoint.supervisor`."""
+    from sparkpoint.runtime.authority import JobCanceledError
+    from sparkpoint.runtime.spark import SparkLostError, spark_lost
+
     sys.argv = [job, *job_args]
     job_dir = os.path.dirname(os.path.abspath(job))
     if job_dir not in sys.path:
         sys.path.insert(0, job_dir)
+    if os.getcwd() not in sys.path:  # last: the supervisor started us with PYTHONSAFEPATH
+        sys.path.append(os.getcwd())
     try:
         runpy.run_path(job, run_name="__main__")
     except ConfigurationError as err:
         print(f"sparkpoint run: invalid configuration: {err}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID_CONFIGURATION
+    except JobCanceledError as err:
+        print(f"sparkpoint run: {err}", file=sys.stderr)
+        return exit_canceled(err.signum)
+    except SparkLostError as err:
+        return _driver_lost(str(err))
     except SparkpointError as err:
         print(f"sparkpoint run: {err}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except Exception as err:
+        # A Py4J error that escaped the runtime's checks (the job's own Spark calls, ...).
+        lost = spark_lost(err) if "pyspark" in sys.modules else None
+        if lost is None:
+            raise
+        return _driver_lost(f"lost the driver's Spark: {lost}")
     return 0
+
+
+def _driver_lost(cause: str) -> int:
+    """End a driver whose Spark is gone: one line on stderr and in the termination log."""
+    print(f"sparkpoint run: {cause}", file=sys.stderr)
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(cause + "\n")
+    return EXIT_DRIVER_LOST
 
 
 def _server(host: str, port: int) -> int:
@@ -50,9 +92,13 @@ def _dashboard(host: str, port: int, api_url: str | None) -> int:
     return serve(host, port, api_url)
 
 
-def _print_operation(kind: str, job: str, status: dict[str, Any]) -> int:
+def _print_operation(kind: str, job: str, status: dict[str, Any], as_json: bool) -> int:
     operation = status.get("operation", {})
-    if status.get("failed") or "failure-cause" in operation:
+    failed = bool(status.get("failed") or "failure-cause" in operation)
+    if as_json:
+        print(json.dumps({"command": kind, "job": job, "failed": failed, **status}))
+        return 1 if failed else 0
+    if failed:
         cause = operation.get("failure-cause", {}).get("stack-trace", "unknown cause")
         print(f"{kind} of job {job} failed: {cause}", file=sys.stderr)
         return 1
@@ -61,19 +107,37 @@ def _print_operation(kind: str, job: str, status: dict[str, Any]) -> int:
     return 0
 
 
-def _client_command(ns: argparse.Namespace) -> int:
-    from sparkpoint.rest_client import ApiError, ControlPlaneClient, api_token
+def _api_error(command: str, err: Exception, as_json: bool) -> int:
+    """An API error: one line on stderr (a JSON object with ``--output json``); exit 1."""
+    if as_json:
+        print(json.dumps({"command": command, "error": str(err)}), file=sys.stderr)
+    else:
+        print(f"sparkpoint {command}: {err}", file=sys.stderr)
+    return EXIT_FAILED
 
-    client = ControlPlaneClient(ns.api, api_token())
+
+def _client_command(ns: argparse.Namespace) -> int:
+    from sparkpoint.rest_client import ApiError, ControlPlaneClient, find_api_token
+
+    found = find_api_token()
+    client = ControlPlaneClient(ns.api, found.token, unauthorized_hint=found.hint())
     job: str = getattr(ns, "job_id", "")
+    as_json = ns.output == "json"
     try:
         if ns.command == "list":
-            for j in client.request("GET", "/jobs")["jobs"]:
+            jobs = client.request("GET", "/jobs")["jobs"]
+            if as_json:
+                print(json.dumps({"jobs": jobs}))
+            for j in [] if as_json else jobs:
                 print(f"{j['id']}  {j['status']:<11} attempt {j['attempt']:<3} {j['name']}")
             return 0
         if ns.command == "cancel":
             client.request("PATCH", f"/jobs/{job}", params={"mode": "cancel"})
-            print(f"cancelling job {job}")
+            print(
+                json.dumps({"command": "cancel", "job": job})
+                if as_json
+                else f"cancelling job {job}"
+            )
             return 0
         if ns.command == "checkpoint":
             rid = client.request("POST", f"/jobs/{job}/checkpoints")["request-id"]
@@ -93,25 +157,111 @@ def _client_command(ns: argparse.Namespace) -> int:
                 else {"savepoint_path": ns.savepoint}
             )
             answer = client.request("POST", f"/jobs/{job}/restore", json=body)
-            if answer.get("warning"):
+            if answer.get("warning") and not as_json:
                 print(f"warning: {answer['warning']}", file=sys.stderr)
             path = f"/jobs/{job}/restore/{answer['request-id']}"
-        return _print_operation(ns.command, job, client.wait(path))
+        return _print_operation(ns.command, job, client.wait(path), as_json)
     except ApiError as err:
-        print(f"sparkpoint {ns.command}: {err}", file=sys.stderr)
-        return 1
+        return _api_error(ns.command, err, as_json)
     finally:
         client.close()
 
 
+#: ``--expires-in`` units, in seconds.
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def parse_duration(text: str) -> int:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d`` as seconds (``--expires-in``).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value that is not such a duration.
+    """
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: a positive whole number with s, m, h or d (30d)"
+        )
+    return int(number) * DURATION_UNITS[unit]
+
+
+def _token_command(ns: argparse.Namespace) -> int:
+    """``sparkpoint token create | list | revoke``: the admin API of ``/tokens``."""
+    from sparkpoint.rest_client import ApiError, ControlPlaneClient, find_api_token
+
+    found = find_api_token()
+    client = ControlPlaneClient(ns.api, found.token, unauthorized_hint=found.hint())
+    as_json = ns.output == "json"
+    try:
+        if ns.token_command == "create":
+            body = {"name": ns.name, "role": ns.role}
+            if ns.expires_in is not None:
+                body["expires_in"] = ns.expires_in
+            token = client.request("POST", "/tokens", json=body)
+            if as_json:
+                print(json.dumps(token))  # the secret too: shown once
+                return 0
+            print(f"created {token['role']} token {token['id']} ({token['name']})")
+            print("secret (shown once, keep it now; only its hash is stored):", file=sys.stderr)
+            print(token["secret"])
+        elif ns.token_command == "list":
+            tokens = client.request("GET", "/tokens")["tokens"]
+            if as_json:
+                print(json.dumps({"tokens": tokens}))
+            for t in [] if as_json else tokens:
+                state = "revoked" if t["revoked"] is not None else "active"
+                expires = _when(t["expires"]) if t["expires"] is not None else "never"
+                print(f"{t['id']}  {t['role']:<8} {state:<7} expires {expires:<20} {t['name']}")
+        else:  # revoke
+            token = client.request("DELETE", f"/tokens/{ns.token_id}")
+            if as_json:
+                print(json.dumps(token))
+            else:
+                print(f"revoked token {token['id']} ({token['name']})")
+        return 0
+    except ApiError as err:
+        return _api_error(f"token {ns.token_command}", err, as_json)
+    finally:
+        client.close()
+
+
+def _when(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+class _RunHelp(argparse.Action):
+    """``sparkpoint run --help`` (before the job file): every product option, grouped, with
+    its Flink key. After the job file, ``--help`` is the job's own."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from sparkpoint.option_parser import help_text
+
+        print(help_text(), end="")
+        parser.exit()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["savepoint"] and len(args) > 1:
+        from sparkpoint import savepoint_tool
+
+        # A job called "inspect" or "dispose": sparkpoint savepoint -- inspect [DIR].
+        if args[1] in savepoint_tool.COMMANDS:
+            return savepoint_tool.main(args[1:])
     parser = argparse.ArgumentParser(prog="sparkpoint", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",
         help="run a job file; product options (--standalone, --checkpoint-dir, ...) "
-        "and the job's own arguments go after it",
+        "and the job's own arguments go after it (sparkpoint run --help lists them)",
+        add_help=False,
     )
+    run.add_argument("-h", "--help", action=_RunHelp, help="the product options, grouped")
     run.add_argument("job", help="path of the job's Python file")
     run.add_argument("args", nargs=argparse.REMAINDER)
     server = sub.add_parser(
@@ -129,11 +279,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     dashboard.add_argument("--host", default="127.0.0.1")
     dashboard.add_argument("--port", type=int, default=8050)
     dashboard.add_argument("--api", help=api_help)
+    output_help = "text (default) or json: one JSON document on stdout, errors as JSON on stderr"
     listing = sub.add_parser("list", help="list the jobs the control plane knows")
     listing.add_argument("--api", help=api_help)
+    listing.add_argument("--output", choices=["text", "json"], default="text", help=output_help)
     for name, what in (
         ("checkpoint", "trigger a checkpoint and wait for it"),
-        ("savepoint", "trigger a savepoint and wait for its location"),
+        (
+            "savepoint",
+            "trigger a savepoint and wait for its location; `sparkpoint savepoint inspect "
+            "PATH` and `... dispose PATH` read and delete one",
+        ),
         ("stop", "stop a job with a savepoint"),
         ("cancel", "cancel a job"),
         ("restore", "restore a job to a checkpoint or a savepoint"),
@@ -141,13 +297,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = sub.add_parser(name, help=what)
         cmd.add_argument("job_id")
         cmd.add_argument("--api", help=api_help)
+        cmd.add_argument("--output", choices=["text", "json"], default="text", help=output_help)
         if name in ("savepoint", "stop"):
             cmd.add_argument("target_directory", nargs="?")
         if name == "restore":
             which = cmd.add_mutually_exclusive_group(required=True)
             which.add_argument("--checkpoint", type=int, help="a retained checkpoint's id")
             which.add_argument("--savepoint", help="a savepoint's (or checkpoint's) path")
-    ns = parser.parse_args(argv)
+    token = sub.add_parser("token", help="manage API tokens (needs an admin token)")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token; prints its secret once")
+    create.add_argument("name", help="what the token is for")
+    create.add_argument(
+        "--role", required=True, choices=["viewer", "operator", "admin"], help="its role"
+    )
+    create.add_argument(
+        "--expires-in", type=parse_duration, help="expire after 90s, 15m, 12h, 30d (default: never)"
+    )
+    token_sub.add_parser("list", help="list the tokens (never their secrets)")
+    revoke = token_sub.add_parser("revoke", help="revoke a token: it answers 401 from now on")
+    revoke.add_argument("token_id")
+    for cmd in token_sub.choices.values():
+        cmd.add_argument("--api", help=api_help)
+        cmd.add_argument("--output", choices=["text", "json"], default="text", help=output_help)
+    ns = parser.parse_args(args)
     if ns.command == "run":
         return _run(ns.job, ns.args)
     if ns.command == "server":
@@ -156,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dashboard(ns.host, ns.port, ns.api)
     if ns.command in ("list", "checkpoint", "savepoint", "stop", "cancel", "restore"):
         return _client_command(ns)
+    if ns.command == "token":
+        return _token_command(ns)
     parser.error(f"unknown command {ns.command}")
     return 2
 

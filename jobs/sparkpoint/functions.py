@@ -10,14 +10,15 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.records import Batch, Column, DictColumn
+from sparkpoint.state.backend import KeyedStateBackend
 from sparkpoint.state.descriptors import ValueStateDescriptor
-from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.timers import InternalTimerService, TimerService
 from sparkpoint.watermarks import TimestampSelector, extract_timestamps
 
@@ -111,6 +112,14 @@ class TimestampsAndWatermarksOperator(StatelessOperator):
         return batch
 
 
+@dataclass(frozen=True)
+class OutputTag:
+    """Names a side output (Flink's ``OutputTag``): ``ctx.output(tag, value)`` in a keyed
+    function, ``stream.get_side_output(tag)`` in the graph."""
+
+    name: str
+
+
 class KeyedContext:
     """What a keyed function sees: the current key, its keyed state and its timers.
 
@@ -119,11 +128,22 @@ class KeyedContext:
     """
 
     def __init__(
-        self, backend: HashMapKeyedStateBackend, timers: InternalTimerService | None = None
+        self, backend: KeyedStateBackend, timers: InternalTimerService | None = None
     ) -> None:
         self._backend = backend
         self._timers = timers
         self.timestamp: int | None = None
+        self.side_outputs: dict[str, list[Any]] = {}
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        """Emit ``value`` to side output ``tag`` (beside the records the function yields)."""
+        self.side_outputs.setdefault(tag.name, []).append(value)
+
+    def take_side_outputs(self) -> dict[str, Batch]:
+        """The side outputs emitted since the last call, by tag name."""
+        out = {name: Batch.of_rows(values) for name, values in self.side_outputs.items()}
+        self.side_outputs = {}
+        return out
 
     @property
     def current_key(self) -> Any:
@@ -197,18 +217,31 @@ class KeyedOperator(abc.ABC):
         self.key_field = selector if isinstance(selector, str) else "key"
 
     @abc.abstractmethod
-    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+    def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         """Process a batch of records of this subtask's key groups; return the output."""
 
-    def open(self, backend: HashMapKeyedStateBackend) -> None:
+    def selector_for(self, input_index: int) -> KeySelector:
+        """The key of the records of input ``input_index`` (all inputs share one here)."""
+        return self.selector
+
+    def process_input(self, input_index: int, batch: Batch, backend: KeyedStateBackend) -> Batch:
+        """Process a batch of input ``input_index`` (a union's inputs are alike)."""
+        return self.process(batch, backend)
+
+    def take_side_outputs(self) -> dict[str, Batch]:
+        """Records emitted to side outputs since the last call, by tag name."""
+        ctx = getattr(self, "_ctx", None)
+        return ctx.take_side_outputs() if isinstance(ctx, KeyedContext) else {}
+
+    def open(self, backend: KeyedStateBackend) -> None:
         self._changed: dict[Any, Any] = {}
         self.late_records_dropped = 0
 
-    def on_watermark(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def on_watermark(self, backend: KeyedStateBackend) -> Batch:
         """The subtask's watermark (``backend.current_watermark``) advanced: fire timers."""
         return Batch.of_rows([])
 
-    def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def flush_updates(self, backend: KeyedStateBackend) -> Batch:
         """With ``emit="epoch"``: the latest value of every key updated since the last flush.
 
         Called at the end of every epoch and on every aligned barrier, before the snapshot:
@@ -229,11 +262,11 @@ class CountOperator(KeyedOperator):
         super().__init__(uid, selector, emit)
         self.output = output
 
-    def open(self, backend: HashMapKeyedStateBackend) -> None:
+    def open(self, backend: KeyedStateBackend) -> None:
         super().open(backend)
         backend.get_state(ValueStateDescriptor(self.STATE, 0))  # registers the state
 
-    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+    def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         keys = select_keys(self.selector, batch)
         if not len(keys):
             return Batch.of_rows([])
@@ -244,11 +277,10 @@ class CountOperator(KeyedOperator):
             ukeys = uniq.tolist()
             inverse = inverse.reshape(-1)
         table = backend.table(self.STATE)
-        base = np.fromiter((table.get(k, 0) for k in ukeys), dtype=np.int64, count=len(ukeys))
+        base = np.fromiter(table.get_many(ukeys, 0), dtype=np.int64, count=len(ukeys))
         per_key = np.bincount(inverse, minlength=len(ukeys))
         totals = base + per_key
-        for k, total in zip(ukeys, totals.tolist(), strict=True):
-            table[k] = total
+        table.put_many(ukeys, totals.tolist())
         if self.emit == "epoch":
             for k, total in zip(ukeys, totals.tolist(), strict=True):
                 self._changed[k] = total
@@ -260,7 +292,7 @@ class CountOperator(KeyedOperator):
         rank[order] = np.arange(len(keys)) - np.repeat(starts, per_key) + 1
         return Batch.of_columns(**{self.key_field: keys, self.output: base[inverse] + rank})
 
-    def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def flush_updates(self, backend: KeyedStateBackend) -> Batch:
         if not self._changed:
             return Batch.of_rows([])
         ks = list(self._changed)
@@ -281,7 +313,7 @@ class ReduceOperator(KeyedOperator):
         self.fn = fn
         self.descriptor = ValueStateDescriptor("reduce")
 
-    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+    def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         out = []
         rows = batch.rows
         keys = select_keys(self.selector, batch).tolist()
@@ -297,7 +329,7 @@ class ReduceOperator(KeyedOperator):
                 self._changed[key] = acc
         return Batch.of_rows(out)
 
-    def flush_updates(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def flush_updates(self, backend: KeyedStateBackend) -> Batch:
         out = Batch.of_rows(list(self._changed.values()))
         self._changed = {}
         return out
@@ -319,13 +351,13 @@ class ProcessOperator(KeyedOperator):
         self.fn = fn
         self.timestamps = timestamps
 
-    def open(self, backend: HashMapKeyedStateBackend) -> None:
+    def open(self, backend: KeyedStateBackend) -> None:
         super().open(backend)
         self._timers = InternalTimerService(backend)
         self._ctx = KeyedContext(backend, self._timers)
         self.fn.open(self._ctx)
 
-    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+    def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         out: list[Any] = []
         rows = batch.rows
         keys = select_keys(self.selector, batch).tolist()
@@ -338,9 +370,57 @@ class ProcessOperator(KeyedOperator):
             out.extend(self.fn.process_element(value, self._ctx))
         return Batch.of_rows(out)
 
-    def on_watermark(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def on_watermark(self, backend: KeyedStateBackend) -> Batch:
         return Batch.of_rows(self._timers.advance(self._on_timer))
 
     def _on_timer(self, timestamp: int, key: Any) -> Iterable[Any]:
         self._ctx.timestamp = timestamp
         return self.fn.on_timer(timestamp, self._ctx)
+
+
+class KeyedCoProcessFunction:
+    """Flink's KeyedCoProcessFunction: two connected inputs keyed alike, one keyed state."""
+
+    def open(self, ctx: KeyedContext) -> None:
+        """Called once per subtask and epoch before the first record (create state here)."""
+
+    def process_element1(self, value: Any, ctx: KeyedContext) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def process_element2(self, value: Any, ctx: KeyedContext) -> Iterable[Any]:
+        raise NotImplementedError
+
+
+class CoProcessOperator(KeyedOperator):
+    """Runs a :class:`KeyedCoProcessFunction`: records of input 0 go to
+    ``process_element1``, of input 1 to ``process_element2``, each keyed by its own selector
+    (the two keys must be alike: equal keys meet in one subtask and one state entry)."""
+
+    kind = "co_process"
+
+    def __init__(
+        self, uid: str, selectors: tuple[KeySelector, KeySelector], fn: KeyedCoProcessFunction
+    ) -> None:
+        super().__init__(uid, selectors[0], "every")
+        self.selectors = selectors
+        self.fn = fn
+
+    def open(self, backend: KeyedStateBackend) -> None:
+        super().open(backend)
+        self._ctx = KeyedContext(backend)
+        self.fn.open(self._ctx)
+
+    def selector_for(self, input_index: int) -> KeySelector:
+        return self.selectors[input_index]
+
+    def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
+        return self.process_input(0, batch, backend)
+
+    def process_input(self, input_index: int, batch: Batch, backend: KeyedStateBackend) -> Batch:
+        handle = self.fn.process_element1 if input_index == 0 else self.fn.process_element2
+        keys = select_keys(self.selectors[input_index], batch).tolist()
+        out: list[Any] = []
+        for key, value in zip(keys, batch.rows, strict=True):
+            backend.set_current_key(key)
+            out.extend(handle(value, self._ctx))
+        return Batch.of_rows(out)

@@ -7,123 +7,59 @@
 
 ``map`` / ``filter`` / ``flat_map`` chain into the task before them (one vertex, one
 acknowledgement, named after its chain head); ``key_by`` starts a new vertex behind a Spark
-shuffle by key group; the sink chains into the last vertex.
+shuffle by key group, also after another keyed vertex (chained keyed stages: count per user,
+re-key by region, count per region); a sink chains into the end of the vertex it follows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.connectors.sinks import TwoPhaseCommitSink
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.functions import (
+    CoProcessOperator,
     CountOperator,
     FilterOperator,
     FlatMapOperator,
+    KeyedCoProcessFunction,
     KeyedOperator,
     KeyedProcessFunction,
     KeySelector,
     MapBatchOperator,
     MapOperator,
+    OutputTag,
     ProcessOperator,
     ReduceOperator,
     StatelessOperator,
     TimestampsAndWatermarksOperator,
 )
-from sparkpoint.protocol import VertexModel
+from sparkpoint.job_graph import JobGraph, KeyedVertex, SinkNode, SourceVertex, Vertex
 from sparkpoint.records import Batch
 from sparkpoint.watermarks import TimestampSelector
 from sparkpoint.windows import WindowAssigner, WindowOperator, count_one
 
+__all__ = [
+    "ConnectedKeyedStreams",
+    "ConnectedStreams",
+    "DataStream",
+    "JobGraph",
+    "KeyedStream",
+    "KeyedVertex",
+    "SideOutputStream",
+    "SinkNode",
+    "SourceVertex",
+    "StreamExecutionEnvironment",
+    "UnionStream",
+    "Vertex",
+    "WindowedStream",
+]
+
 if TYPE_CHECKING:
     from sparkpoint.options import JobOptions
     from sparkpoint.runtime.driver import JobResult
-
-
-@dataclass
-class SourceVertex:
-    uid: str
-    source: Source
-    chain: list[StatelessOperator] = field(default_factory=list)
-
-    @property
-    def parallelism(self) -> int:
-        return len(self.source.split_ids())
-
-    @property
-    def watermarks(self) -> TimestampsAndWatermarksOperator | None:
-        """Where the chain assigns timestamps and watermarks, if it does."""
-        found = [op for op in self.chain if isinstance(op, TimestampsAndWatermarksOperator)]
-        return found[0] if found else None
-
-
-@dataclass
-class KeyedVertex:
-    operator: KeyedOperator
-    parallelism: int
-    max_parallelism: int
-    chain: list[StatelessOperator] = field(default_factory=list)
-
-    @property
-    def uid(self) -> str:
-        return self.operator.uid
-
-
-@dataclass
-class JobGraph:
-    """A linear job: a source vertex, at most one keyed vertex, a sink on the last vertex."""
-
-    name: str
-    source: SourceVertex
-    keyed: KeyedVertex | None = None
-    sink: TwoPhaseCommitSink | None = None
-    sink_uid: str | None = None
-
-    def tasks(self) -> dict[str, int]:
-        """Operator id (chain-head uid) -> parallelism of every vertex that acknowledges."""
-        out = {self.source.uid: self.source.parallelism}
-        if self.keyed is not None:
-            out[self.keyed.uid] = self.keyed.parallelism
-        return out
-
-    @property
-    def sink_vertex_uid(self) -> str:
-        return self.keyed.uid if self.keyed is not None else self.source.uid
-
-    def vertices(self) -> list[VertexModel]:
-        def names(head: str, chain: Sequence[StatelessOperator], last: bool) -> list[str]:
-            ops = [head, *(op.uid for op in chain)]
-            if last and self.sink_uid:
-                ops.append(self.sink_uid)
-            return ops
-
-        src = names(self.source.uid, self.source.chain, self.keyed is None)
-        out = [
-            VertexModel(
-                id=self.source.uid,
-                name=" -> ".join(src),
-                parallelism=self.source.parallelism,
-                operators=src,
-            )
-        ]
-        if self.keyed is not None:
-            k = names(self.keyed.uid, self.keyed.chain, True)
-            out.append(
-                VertexModel(
-                    id=self.keyed.uid,
-                    name=" -> ".join(k),
-                    parallelism=self.keyed.parallelism,
-                    operators=k,
-                    max_parallelism=self.keyed.max_parallelism,
-                )
-            )
-        return out
-
-    def edges(self) -> list[tuple[str, str]]:
-        return [(self.source.uid, self.keyed.uid)] if self.keyed is not None else []
 
 
 class StreamExecutionEnvironment:
@@ -136,12 +72,23 @@ class StreamExecutionEnvironment:
         self._uids: set[str] = set()
 
     @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None) -> StreamExecutionEnvironment:
+    def from_args(
+        cls, argv: Sequence[str] | None = None, *, job_options: Iterable[str] = ()
+    ) -> StreamExecutionEnvironment:
         """Parse the product's options from ``argv`` (default ``sys.argv[1:]``); keep the rest
-        in :attr:`args` for the job's own parser."""
+        in :attr:`args` for the job's own parser.
+
+        Args:
+            argv: the command line.
+            job_options: the job's own ``--options``; a leftover option close to a product
+                option (``--checkpoint-intervall``) is refused unless the job declares it here.
+
+        Raises:
+            ConfigurationError: an invalid or misspelled product option.
+        """
         from sparkpoint.options import parse_job_options
 
-        options, rest = parse_job_options(argv)
+        options, rest = parse_job_options(argv, job_options=job_options)
         return cls(options, rest)
 
     def _claim(self, uid: str) -> str:
@@ -153,10 +100,11 @@ class StreamExecutionEnvironment:
         return uid
 
     def from_source(self, source: Source, uid: str) -> DataStream:
-        if self._graph is not None:
-            raise ConfigurationError("a job has one source in this version of Sparkpoint")
-        self._graph = JobGraph(name="", source=SourceVertex(self._claim(uid), source))
-        return DataStream(self, self._graph.source.chain)
+        """A stream of ``source``'s records; a job may read several sources."""
+        if self._graph is None:
+            self._graph = JobGraph(name="")
+        self._graph.sources.append(SourceVertex(self._claim(uid), source))
+        return DataStream(self, self._graph.sources[-1])
 
     @property
     def graph(self) -> JobGraph:
@@ -170,21 +118,38 @@ class StreamExecutionEnvironment:
 
         graph = self.graph
         graph.name = job_name
-        if graph.sink is None:
+        if not graph.sinks:
             raise ConfigurationError(f"job {job_name!r} has no sink: call .sink_to(...)")
+        nowhere = [
+            v.uid
+            for v in graph.all_vertices()
+            if graph.downstream(v.uid) is None and not graph.sinks_of(v.uid)
+        ]
+        if nowhere:
+            raise ConfigurationError(
+                f"job {job_name!r}: the stream of {', '.join(nowhere)} goes to no sink and no "
+                "keyed operator; call .sink_to(...) on it"
+            )
         return JobDriver(graph, self.options, spark=spark).run()
 
 
 class DataStream:
     """A stream of records; stateless operators chain into the current vertex."""
 
-    def __init__(self, env: StreamExecutionEnvironment, chain: list[StatelessOperator]):
+    def __init__(self, env: StreamExecutionEnvironment, vertex: Vertex):
         self._env = env
-        self._chain = chain
+        self._vertex = vertex
 
     def _add(self, op: StatelessOperator) -> DataStream:
+        graph = self._env.graph
+        uid = self._vertex.uid
+        if graph.downstream(uid) is not None or any(n.tag is None for n in graph.sinks_of(uid)):
+            raise ConfigurationError(
+                f"operator {op.uid!r} would follow {uid!r} after its stream was keyed or sunk; "
+                "add stateless operators before key_by and sink_to"
+            )
         self._env._claim(op.uid)
-        self._chain.append(op)
+        self._vertex.chain.append(op)
         return self
 
     def map(self, fn: Callable[[Any], Any], uid: str) -> DataStream:
@@ -205,33 +170,134 @@ class DataStream:
         """Event time: each record's timestamp (ms) is field ``timestamps`` (or the function's
         result); watermarks trail the highest timestamp by ``max_out_of_orderness_ms``
         (Flink's ``WatermarkStrategy.forBoundedOutOfOrderness``). Before ``key_by`` only."""
-        graph = self._env.graph
-        if self._chain is not graph.source.chain:
+        if not isinstance(self._vertex, SourceVertex):
             raise ConfigurationError("assign timestamps and watermarks before key_by")
-        if graph.source.watermarks is not None:
+        if self._vertex.watermarks is not None:
             raise ConfigurationError("a job assigns timestamps and watermarks once")
         return self._add(TimestampsAndWatermarksOperator(uid, timestamps, max_out_of_orderness_ms))
 
     def key_by(self, selector: KeySelector) -> KeyedStream:
-        graph = self._env.graph
-        if graph.keyed is not None:
-            raise ConfigurationError("a job has one key_by in this version of Sparkpoint")
-        return KeyedStream(self._env, selector)
+        """Partition the stream by key: the keyed operator that follows starts a new vertex
+        behind a Spark shuffle by key group (also after another keyed operator)."""
+        _check_free(self._env.graph, [self._vertex])
+        return KeyedStream(self._env, selector, [self._vertex])
+
+    def union(self, *others: DataStream) -> UnionStream:
+        """This stream's records and those of ``others``, merged (Flink's ``union``); key it
+        next. Its keyed vertex aligns barriers across the channels of every input."""
+        vertices = [self._vertex, *(o._vertex for o in others)]
+        if len({v.uid for v in vertices}) != len(vertices):
+            raise ConfigurationError("union needs distinct streams; a stream is united once")
+        if any(o._env is not self._env for o in others):
+            raise ConfigurationError("union needs streams of the same environment")
+        _check_free(self._env.graph, vertices)
+        return UnionStream(self._env, vertices)
+
+    def connect(self, other: DataStream) -> ConnectedStreams:
+        """This stream and ``other`` as the two inputs of one co-process function (Flink's
+        ``connect``); key both next, alike."""
+        if other._vertex is self._vertex:
+            raise ConfigurationError("connect needs two distinct streams")
+        _check_free(self._env.graph, [self._vertex, other._vertex])
+        return ConnectedStreams(self._env, [self._vertex, other._vertex])
+
+    def get_side_output(self, tag: OutputTag) -> SideOutputStream:
+        """The records this stream's keyed function emitted with ``ctx.output(tag, ...)``."""
+        if not isinstance(self._vertex, KeyedVertex):
+            raise ConfigurationError(
+                f"side output {tag.name!r}: only a keyed function emits side outputs, and "
+                f"{self._vertex.uid!r} is a source"
+            )
+        return SideOutputStream(self._env, self._vertex, tag)
 
     def sink_to(self, sink: TwoPhaseCommitSink, uid: str) -> None:
-        graph = self._env.graph
-        if graph.sink is not None:
-            raise ConfigurationError("a job has one sink in this version of Sparkpoint")
-        graph.sink = sink
-        graph.sink_uid = self._env._claim(uid)
+        """Write the stream to ``sink`` (two-phase commit on checkpoints). A stream may go to
+        several sinks, and sinks may follow any vertex: each commits its own transactions."""
+        self._env.graph.sinks.append(SinkNode(self._env._claim(uid), sink, self._vertex.uid))
+
+
+class SideOutputStream:
+    """A keyed function's side output; it goes to sinks (each its own transactions)."""
+
+    def __init__(self, env: StreamExecutionEnvironment, vertex: KeyedVertex, tag: OutputTag):
+        self._env = env
+        self._vertex = vertex
+        self._tag = tag
+
+    def sink_to(self, sink: TwoPhaseCommitSink, uid: str) -> None:
+        node = SinkNode(self._env._claim(uid), sink, self._vertex.uid, tag=self._tag.name)
+        self._env.graph.sinks.append(node)
+
+
+def _check_free(graph: JobGraph, vertices: Sequence[Vertex]) -> None:
+    """Refuse to key a stream that already feeds a keyed vertex."""
+    for v in vertices:
+        if graph.downstream(v.uid) is not None:
+            raise ConfigurationError(
+                f"the stream of {v.uid!r} is keyed twice; a stream feeds one keyed operator "
+                "in this version of Sparkpoint"
+            )
+
+
+class UnionStream:
+    """Several streams merged by ``union``; ``key_by`` makes them one keyed vertex's inputs."""
+
+    def __init__(self, env: StreamExecutionEnvironment, vertices: list[Vertex]) -> None:
+        self._env = env
+        self._vertices = vertices
+
+    def key_by(self, selector: KeySelector) -> KeyedStream:
+        _check_free(self._env.graph, self._vertices)
+        return KeyedStream(self._env, selector, self._vertices)
+
+
+class ConnectedStreams:
+    """Two connected streams; ``key_by(key1, key2)`` keys each by its own selector."""
+
+    def __init__(self, env: StreamExecutionEnvironment, vertices: list[Vertex]) -> None:
+        self._env = env
+        self._vertices = vertices
+
+    def key_by(self, key1: KeySelector, key2: KeySelector) -> ConnectedKeyedStreams:
+        _check_free(self._env.graph, self._vertices)
+        return ConnectedKeyedStreams(self._env, (key1, key2), self._vertices)
+
+
+class ConnectedKeyedStreams:
+    """Two streams keyed alike: a :class:`KeyedCoProcessFunction` sees both with one keyed
+    state per key (Flink's ``KeyedCoProcessFunction``). Barriers are aligned across the
+    channels of both inputs."""
+
+    def __init__(
+        self,
+        env: StreamExecutionEnvironment,
+        selectors: tuple[KeySelector, KeySelector],
+        vertices: list[Vertex],
+    ) -> None:
+        self._keyed = KeyedStream(env, selectors[0], vertices)
+        self._selectors = selectors
+
+    def process(
+        self, fn: KeyedCoProcessFunction, uid: str, parallelism: int | None = None
+    ) -> DataStream:
+        return self._keyed._keyed(CoProcessOperator(uid, self._selectors, fn), parallelism)
 
 
 class KeyedStream:
     """A stream partitioned by key; its keyed operator starts a new vertex."""
 
-    def __init__(self, env: StreamExecutionEnvironment, selector: KeySelector) -> None:
+    def __init__(
+        self, env: StreamExecutionEnvironment, selector: KeySelector, upstream: list[Vertex]
+    ) -> None:
         self._env = env
         self._selector = selector
+        self._upstream = upstream
+
+    def _watermarks(self) -> TimestampsAndWatermarksOperator | None:
+        """The upstream source's timestamps and watermarks (None behind a keyed vertex or a
+        union: event time crosses one exchange from one source in this version)."""
+        up = self._upstream
+        return up[0].watermarks if len(up) == 1 and isinstance(up[0], SourceVertex) else None
 
     def _keyed(self, op: KeyedOperator, parallelism: int | None) -> DataStream:
         self._env._claim(op.uid)
@@ -242,9 +308,13 @@ class KeyedStream:
                 f"parallelism of {op.uid} must be between 1 and max parallelism "
                 f"{opts.max_parallelism}, got {p}"
             )
-        vertex = KeyedVertex(op, p, opts.max_parallelism)
-        self._env.graph.keyed = vertex
-        return DataStream(self._env, vertex.chain)
+        graph = self._env.graph
+        _check_free(graph, self._upstream)
+        vertex = KeyedVertex(
+            op, p, opts.max_parallelism, inputs=tuple(v.uid for v in self._upstream)
+        )
+        graph.keyed_vertices.append(vertex)
+        return DataStream(self._env, vertex)
 
     def count(
         self, uid: str, output: str = "count", emit: str = "every", parallelism: int | None = None
@@ -266,16 +336,17 @@ class KeyedStream:
     ) -> DataStream:
         """Run ``fn`` per record with keyed state and event-time timers (timers fire only in
         a job that assigns timestamps and watermarks)."""
-        wm = self._env.graph.source.watermarks
+        wm = self._watermarks()
         timestamps = wm.timestamps if wm is not None else None
         return self._keyed(ProcessOperator(uid, self._selector, fn, timestamps), parallelism)
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         """Event-time windows per key: tumbling or sliding."""
-        wm = self._env.graph.source.watermarks
+        wm = self._watermarks()
         if wm is None:
             raise ConfigurationError(
-                "event-time windows need assign_timestamps_and_watermarks(...) before key_by"
+                "event-time windows need assign_timestamps_and_watermarks(...) on the source "
+                "before its key_by (not behind another keyed operator)"
             )
         return WindowedStream(self, assigner, wm.timestamps)
 

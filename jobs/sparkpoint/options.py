@@ -2,22 +2,31 @@
 
 ``sparkpoint run job.py --standalone --checkpoint-interval 1 --events 1000`` hands every
 argument to the job; :func:`parse_job_options` takes the options below and leaves the rest
-(``--events 1000``) to the job's own parser.
+(``--events 1000``) to the job's own parser. A leftover ``--option`` that looks like a
+misspelled product option (``--checkpoint-intervall``) is refused rather than silently
+ignored; a job declares its own options (``job_options``) so that they never are.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.limits import InvalidJobIdError, check_job_id
+from sparkpoint.option_parser import product_parser
 from sparkpoint.protocol import CheckpointingMode
 from sparkpoint.transport import default_redis_url
+
+#: The default ``--local-dir`` under the temporary directory. Not ``sparkpoint``: run from the
+#: temporary directory, a folder of the package's name there would shadow the package.
+DEFAULT_LOCAL_DIR_NAME = "sparkpoint-local"
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,10 @@ class JobOptions:
     checkpoint_dir: str | None = None
     checkpoint_storage: str = "jobmanager"
     max_inline_state_bytes: int = 1 << 20
-    state_backend: str = "hashmap"
+    state_backend: str = "hashmap"  # Flink's state.backend.type: "hashmap" or "rocksdb"
+    incremental: bool = False  # Flink's execution.checkpointing.incremental (rocksdb only)
+    allow_non_restored_state: bool = False  # restore even if a snapshot's operator is gone
+    savepoint_on_finish: str | None = None  # standalone: the final checkpoint is a savepoint here
     parallelism: int = 2
     max_parallelism: int = 128
     master: str = "local[*]"
@@ -40,7 +52,7 @@ class JobOptions:
     isolate_workers: bool = False  # testing: every Python worker acts as its own executor
     from_checkpoint: str | None = None
     local_dir: str = field(
-        default_factory=lambda: os.path.join(tempfile.gettempdir(), "sparkpoint")
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), DEFAULT_LOCAL_DIR_NAME)
     )
     epoch_target_ms: float = 1000.0
     max_epoch_records: int = 4_000_000
@@ -52,6 +64,38 @@ class JobOptions:
     redis_url: str | None = None
     stream_prefix: str = "sparkpoint"
     control_plane_timeout_ms: int = 60_000  # for the control plane's first restore
+    # What the job prints (sparkpoint.console): quiet, text or json, every n-th checkpoint.
+    quiet: bool = False
+    log_format: str = "text"
+    log_every: int = 10
+
+
+def check_state_options(options: JobOptions) -> None:
+    """Refuse state options that do not go together (the command line checks them too).
+
+    Raises:
+        ConfigurationError: naming the options.
+    """
+    if options.state_backend not in ("hashmap", "rocksdb"):
+        raise ConfigurationError(
+            f"unknown state backend {options.state_backend!r}; use hashmap or rocksdb"
+        )
+    if options.incremental and options.state_backend != "rocksdb":
+        raise ConfigurationError(
+            "--incremental needs --state-backend rocksdb: the hashmap backend writes full "
+            "snapshots (its epochs already write only what changed)"
+        )
+    if options.incremental and options.checkpoint_storage != "filesystem":
+        raise ConfigurationError(
+            "--incremental needs a filesystem checkpoint storage (--checkpoint-dir URL): "
+            "the files shared between checkpoints cannot be kept inline"
+        )
+    if options.incremental and options.checkpoint.max_concurrent > 1:
+        raise ConfigurationError(
+            "incremental checkpoints keep one checkpoint in flight (max_concurrent 1, got "
+            f"{options.checkpoint.max_concurrent}): a subtask reuses the files of its previous "
+            "snapshot, which a concurrent completion could subsume"
+        )
 
 
 def _seconds_to_ms(flag: str, value: float) -> int:
@@ -60,70 +104,66 @@ def _seconds_to_ms(flag: str, value: float) -> int:
     return round(value * 1000)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--standalone", action="store_true")
-    p.add_argument("--job-id")
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--checkpoint-storage", choices=["filesystem", "jobmanager"])
-    p.add_argument("--checkpoint-interval", type=float, default=0.0)
-    p.add_argument("--checkpoint-timeout", type=float, default=600.0)
-    p.add_argument("--min-pause", type=float, default=0.0)
-    p.add_argument("--tolerable-failures", type=int, default=0)
-    p.add_argument("--retained", type=int, default=1)
-    p.add_argument("--mode", choices=[m.value for m in CheckpointingMode], default="exactly_once")
-    p.add_argument("--state-backend", choices=["hashmap"], default="hashmap")
-    p.add_argument("--parallelism", type=int, default=2)
-    p.add_argument("--max-parallelism", type=int, default=128)
-    p.add_argument("--master", default=os.environ.get("SPARKPOINT_MASTER", "local[*]"))
-    p.add_argument("--fail-after", type=int)
-    # Testing hook: kill the driver (SIGKILL) once checkpoint N completed, before its commit.
-    p.add_argument("--crash-after-checkpoint", type=int)
-    p.add_argument("--from-checkpoint")
-    p.add_argument("--local-dir")
-    p.add_argument("--epoch-target-ms", type=float, default=1000.0)
-    p.add_argument("--max-epoch-records", type=int, default=4_000_000)
-    p.add_argument("--events-log")
-    p.add_argument("--durable-working-state", choices=["auto", "on", "off"], default="auto")
-    p.add_argument(
-        "--restart-strategy",
-        choices=["none", "fixed-delay", "failure-rate", "exponential-delay"],
-    )
-    p.add_argument("--restart-attempts", type=int)
-    p.add_argument("--restart-delay", type=float)
-    p.add_argument("--restart-option", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--max-inline-state", type=int, default=1 << 20)
-    p.add_argument("--redis-url")
-    p.add_argument("--stream-prefix", default="sparkpoint")
-    p.add_argument("--control-plane-timeout", type=float, default=60.0)
-    return p
+#: How alike (difflib's ratio, without the dashes) a job argument and a product option must be
+#: for the argument to count as a misspelling: ``checkpoint-intervall`` is 0.97, ``mod``
+#: (``mode``) 0.86; the example job's ``events`` (``events-log``) 0.75.
+SIMILARITY_CUTOFF = 0.85
+#: An abbreviation is at least this long (without the dashes): ``--par`` means
+#: ``--parallelism``, ``--ev`` is nobody's.
+MIN_ABBREVIATION = 3
 
 
-def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, list[str]]:
+def parse_job_options(
+    argv: Sequence[str] | None = None, *, job_options: Iterable[str] | None = None
+) -> tuple[JobOptions, list[str]]:
     """Split ``argv`` into the product's options and the job's own arguments.
 
+    Args:
+        argv: the job's command line (default ``sys.argv[1:]``).
+        job_options: the job's own ``--options`` (for example ``["--events", "--rate"]``, or
+            none: ``()``); any other leftover ``--option`` close to a product option is
+            refused. None (the default) skips that check, for a caller that cannot know the
+            job's options (``sparkpoint run`` before the job starts): the job's
+            :meth:`~sparkpoint.graph.StreamExecutionEnvironment.from_args` checks.
+
     Raises:
-        ConfigurationError: an option has an invalid value (the message names it).
+        ConfigurationError: an option has an invalid value, or a leftover ``--option`` is
+            close to a product option (the message names it and suggests the product option).
     """
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    parser = product_parser()
     try:
         ns, rest = parser.parse_known_args(args)
     except SystemExit as err:  # argparse exits on bad values; turn that into our error
         raise ConfigurationError(f"invalid option in {' '.join(args)!r}") from err
+    if job_options is not None:
+        check_unknown_options(rest, _flags(parser), job_options)
+    if ns.job_id is not None:
+        try:
+            check_job_id(ns.job_id)
+        except InvalidJobIdError as err:
+            raise ConfigurationError(f"--job-id: {err}") from err
     redis_url = None if ns.standalone else _redis_url(ns)
     if ns.parallelism < 1 or ns.parallelism > ns.max_parallelism:
         raise ConfigurationError(
             f"--parallelism must be between 1 and --max-parallelism ({ns.max_parallelism}), "
             f"got {ns.parallelism}"
         )
+    if ns.log_every < 1:
+        raise ConfigurationError(f"--log-every must be >= 1 checkpoints, got {ns.log_every}")
     if ns.fail_after is not None and ns.fail_after < 0:
         raise ConfigurationError(f"--fail-after must be >= 0 records, got {ns.fail_after}")
     storage = ns.checkpoint_storage or ("filesystem" if ns.checkpoint_dir else "jobmanager")
     if storage == "filesystem" and not ns.checkpoint_dir:
         raise ConfigurationError("--checkpoint-storage filesystem needs --checkpoint-dir URL")
+    if ns.savepoint_on_finish and not ns.standalone:
+        raise ConfigurationError(
+            "--savepoint-on-finish is for --standalone jobs; a connected job's savepoints are "
+            "taken by the control plane: sparkpoint savepoint JOB [DIR], or sparkpoint stop "
+            "JOB [DIR] to stop it with one"
+        )
     restart = _restart_options(ns)
     checkpoint = CheckpointConfig(
         mode=CheckpointingMode(ns.mode),
@@ -140,6 +180,10 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         checkpoint_dir=ns.checkpoint_dir,
         checkpoint_storage=storage,
         max_inline_state_bytes=ns.max_inline_state,
+        state_backend=ns.state_backend,
+        incremental=ns.incremental,
+        allow_non_restored_state=ns.allow_non_restored_state,
+        savepoint_on_finish=ns.savepoint_on_finish,
         parallelism=ns.parallelism,
         max_parallelism=ns.max_parallelism,
         master=ns.master,
@@ -147,7 +191,7 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         crash_after_checkpoint=ns.crash_after_checkpoint,
         durable_working_state={"auto": None, "on": True, "off": False}[ns.durable_working_state],
         from_checkpoint=ns.from_checkpoint,
-        local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), "sparkpoint"),
+        local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), DEFAULT_LOCAL_DIR_NAME),
         epoch_target_ms=ns.epoch_target_ms,
         max_epoch_records=ns.max_epoch_records,
         events_log=ns.events_log,
@@ -157,8 +201,55 @@ def parse_job_options(argv: Sequence[str] | None = None) -> tuple[JobOptions, li
         control_plane_timeout_ms=_seconds_to_ms(
             "--control-plane-timeout", ns.control_plane_timeout
         ),
+        quiet=ns.quiet,
+        log_format=ns.log_format,
+        log_every=ns.log_every,
     )
+    check_state_options(options)
     return options, rest
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [flag for action in parser._actions for flag in action.option_strings]
+
+
+def check_unknown_options(
+    rest: Sequence[str], product_options: Sequence[str], job_options: Iterable[str] = ()
+) -> None:
+    """Refuse a job argument that looks like a misspelled product option.
+
+    A leftover ``--name`` (or ``--name=value``) is a misspelling when it is not one of
+    ``job_options`` and either is alike one product option (:data:`SIMILARITY_CUTOFF`) or
+    abbreviates exactly one (ends inside one of its words, or spans more than one word:
+    ``--checkpoint-int``, ``--max-epoch``; not ``--events`` for ``--events-log``). Arguments
+    after ``--`` are the job's, whatever they look like.
+
+    Raises:
+        ConfigurationError: ``unknown option --X; did you mean --Y?``
+    """
+    own = {"--" + name.lstrip("-") for name in job_options}
+    for arg in rest:
+        if arg == "--":
+            return
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in own:
+            continue
+        suggestion = _misspelled(name, product_options)
+        if suggestion is not None:
+            raise ConfigurationError(f"unknown option {name}; did you mean {suggestion}?")
+
+
+def _misspelled(name: str, product_options: Sequence[str]) -> str | None:
+    """The product option that ``name`` most likely meant, if any."""
+    bare = name[2:]
+    longer = [f for f in product_options if f.startswith(name) and f != name]
+    if len(longer) == 1 and len(bare) >= MIN_ABBREVIATION:
+        after = longer[0][len(name)]
+        if after != "-" or "-" in bare:  # ends inside a word, or spans several words
+            return longer[0]
+    bare_options = {f[2:]: f for f in product_options if f.startswith("--")}
+    close = difflib.get_close_matches(bare, list(bare_options), n=1, cutoff=SIMILARITY_CUTOFF)
+    return bare_options[close[0]] if close else None
 
 
 def _redis_url(ns: argparse.Namespace) -> str:

@@ -4,16 +4,68 @@ Every message is an :class:`Envelope` (schema version, type, job id, job attempt
 whose ``payload`` is validated against the pydantic model registered for its ``type``. Both
 sides import this one module. Readers ignore unknown fields; an unknown type or an invalid
 payload raises :class:`ProtocolError` (the control plane routes those to a dead-letter stream).
+Every number has bounds and every job id a pattern (``sparkpoint.limits``), and a message above
+the size limit is refused when encoded and when decoded. ``sender``, ``seq`` and ``sig``
+authenticate a message (``sparkpoint.signing``).
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from sparkpoint.errors import SparkpointError
+from sparkpoint.limits import (
+    MAX_DURATION_MS,
+    MAX_INT,
+    MAX_LONG,
+    MAX_SUBTASKS,
+    MAX_VERTICES,
+    check_job_id,
+)
+from sparkpoint.protocol_types import (
+    MAX_EXECUTORS,
+    CheckpointId,
+    Epoch,
+    Index,
+    Long,
+    Name,
+    Nonce,
+    Parallelism,
+    Size,
+    Text,
+)
+from sparkpoint.protocol_types import (
+    CheckpointingMode as CheckpointingMode,
+)
+from sparkpoint.protocol_types import (
+    CheckpointKind as CheckpointKind,
+)
+from sparkpoint.protocol_types import (
+    CheckpointStatus as CheckpointStatus,
+)
+from sparkpoint.protocol_types import (
+    ExecutorModel as ExecutorModel,
+)
+from sparkpoint.protocol_types import (
+    JobStatus as JobStatus,
+)
+from sparkpoint.protocol_types import (
+    ProtocolModel as _Model,
+)
+from sparkpoint.protocol_types import (
+    SharedFileModel as SharedFileModel,
+)
+from sparkpoint.protocol_types import (
+    StateDescriptorModel as StateDescriptorModel,
+)
+from sparkpoint.protocol_types import (
+    StateHandleModel as StateHandleModel,
+)
+from sparkpoint.protocol_types import (
+    check_registration_config as _check_config,
+)
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # one limit for every message, 1 MiB by default
@@ -21,41 +73,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # one limit for every message, 1 MiB by def
 
 class ProtocolError(SparkpointError):
     """A message that cannot be decoded, has an unknown type, or an invalid payload."""
-
-
-class JobStatus(str, enum.Enum):
-    """Flink's job statuses, with the same names in every part of the product."""
-
-    CREATED = "CREATED"
-    RUNNING = "RUNNING"
-    FAILING = "FAILING"
-    RESTARTING = "RESTARTING"
-    FAILED = "FAILED"
-    CANCELLING = "CANCELLING"
-    CANCELED = "CANCELED"
-    FINISHED = "FINISHED"
-
-
-class CheckpointStatus(str, enum.Enum):
-    """Flink's checkpoint statuses."""
-
-    IN_PROGRESS = "IN_PROGRESS"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-
-
-class CheckpointKind(str, enum.Enum):
-    CHECKPOINT = "checkpoint"
-    SAVEPOINT = "savepoint"
-
-
-class CheckpointingMode(str, enum.Enum):
-    EXACTLY_ONCE = "exactly_once"
-    AT_LEAST_ONCE = "at_least_once"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, use_enum_values=False)
 
 
 def spark_job_group(job_name: str, attempt: int, epoch: int) -> str:
@@ -67,30 +84,39 @@ def spark_job_group(job_name: str, attempt: int, epoch: int) -> str:
 # ----------------------------------------------------------------------------- shared parts
 
 
-class StateHandleModel(_Model):
-    """Where a piece of snapshot state lives: a path (or inline bytes), its size and checksum."""
-
-    path: str | None = None
-    inline: str | None = None  # base64, for jobmanager (inline) checkpoint storage
-    size: int = Field(ge=0)
-    checksum: str  # "sha256:<hex>"
-    key_group_start: int | None = None
-    key_group_end: int | None = None  # inclusive
-
-
 class VertexModel(_Model):
-    id: str  # the uid of the chain head
+    """One task of the graph; its parallelism is at most its max parallelism (Flink's rule)."""
+
+    id: Name  # the uid of the chain head
     name: str  # the chained operators, "pv -> sink"
-    parallelism: int = Field(ge=1)
+    parallelism: Parallelism
     operators: list[str]
-    max_parallelism: int | None = None
+    max_parallelism: Parallelism | None = None
+
+    @model_validator(mode="after")
+    def _within_max_parallelism(self) -> VertexModel:
+        if self.max_parallelism is not None and self.parallelism > self.max_parallelism:
+            raise ValueError(
+                f"parallelism {self.parallelism} of {self.id} is above its max parallelism "
+                f"{self.max_parallelism}"
+            )
+        return self
+
+
+class GuaranteeModel(_Model):
+    """A job's end-to-end delivery guarantee (``sparkpoint.guarantees``) and, unless it is
+    plain exactly-once, why it is weaker or what it assumes."""
+
+    level: Literal["exactly_once", "at_least_once", "at_most_once"]
+    reason: Text | None = None
 
 
 class SinkTransactionModel(_Model):
     transaction_id: str
     parts: list[str]
-    records: int = 0
-    bytes: int = 0
+    records: Size = 0
+    bytes: Size = 0
+    sink: str | None = None  # the sink's uid; None: the only sink of the acknowledging vertex
 
 
 # ----------------------------------------------------------------------------- events
@@ -98,13 +124,36 @@ class SinkTransactionModel(_Model):
 
 class JobRegistered(_Model):
     type: Literal["job_registered"] = "job_registered"
-    job_name: str
+    job_name: Name
     vertices: list[VertexModel]
     edges: list[tuple[str, str]]
-    config: dict[str, Any]
+    config: Annotated[dict[str, Any], AfterValidator(_check_config)]
     # A nonce per driver process: a registration with a new one is a restarted driver (the
     # control plane fails the job over), the same one again is a duplicate (ignored).
-    incarnation: str | None = None
+    incarnation: Nonce | None = None
+    # This driver sends ``driver_heartbeat`` every this many ms for as long as its process
+    # lives; None: an older driver that sends none (the control plane does not watch it).
+    heartbeat_interval_ms: int | None = Field(default=None, ge=1, le=MAX_DURATION_MS)
+    # Why the previous driver process of this job ended, when ``sparkpoint run`` restarted it
+    # (one line): the control plane records it as the cause of the failover.
+    previous_failure: Text | None = None
+    # What the job's sources and sinks guarantee end to end; None: an older driver that does
+    # not say (the API shows it as unknown).
+    guarantee: GuaranteeModel | None = None
+
+    @model_validator(mode="after")
+    def _bounded_graph(self) -> JobRegistered:
+        if len(self.vertices) > MAX_VERTICES:
+            raise ValueError(
+                f"the job graph has {len(self.vertices)} vertices; at most {MAX_VERTICES}"
+            )
+        subtasks = sum(v.parallelism for v in self.vertices)
+        if subtasks > MAX_SUBTASKS:
+            raise ValueError(
+                f"the job graph has {subtasks} subtasks (the sum of its vertices' parallelism); "
+                f"at most {MAX_SUBTASKS}"
+            )
+        return self
 
 
 class JobStatusChanged(_Model):
@@ -115,145 +164,159 @@ class JobStatusChanged(_Model):
     type: Literal["job_status"] = "job_status"
     status: JobStatus
     previous: JobStatus | None = None
-    cause: str | None = None
+    cause: Text | None = None
     spark_ui_url: str | None = None
-    spark_application_id: str | None = None
+    spark_application_id: Name | None = None
 
 
 class CheckpointTriggered(_Model):
     type: Literal["checkpoint_triggered"] = "checkpoint_triggered"
-    checkpoint_id: int = Field(ge=1)
+    checkpoint_id: CheckpointId
     kind: CheckpointKind = CheckpointKind.CHECKPOINT
-    trigger_timestamp: int
-    epoch: int
+    trigger_timestamp: Long
+    epoch: Epoch
     is_final: bool = False
 
 
 class BarrierInjected(_Model):
     type: Literal["barrier_injected"] = "barrier_injected"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
-    epoch: int
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
+    epoch: Epoch
     split_id: str
-    offset: int = Field(ge=0)
-    timestamp: int
+    offset: Size
+    timestamp: Long
 
 
 class BarrierReceived(_Model):
     type: Literal["barrier_received"] = "barrier_received"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
-    channel: int = Field(ge=0)
-    timestamp: int
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
+    channel: Index
+    timestamp: Long
 
 
 class AlignmentCompleted(_Model):
     type: Literal["alignment_completed"] = "alignment_completed"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
     duration_ms: float = Field(ge=0)
-    buffered_bytes: int = Field(ge=0)
-    buffered_records: int = Field(ge=0)
+    buffered_bytes: Size
+    buffered_records: Size
 
 
 class SnapshotCompleted(_Model):
     """A subtask's acknowledgement of a checkpoint, with its handles and timings."""
 
     type: Literal["snapshot_completed"] = "snapshot_completed"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
-    epoch: int
-    ack_timestamp: int
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
+    epoch: Epoch
+    ack_timestamp: Long
     start_delay_ms: float = Field(ge=0)
     alignment_duration_ms: float = Field(ge=0)
-    alignment_buffered_bytes: int = Field(ge=0)
+    alignment_buffered_bytes: Size
     sync_duration_ms: float = Field(ge=0)
     async_duration_ms: float = Field(ge=0)
-    state_size: int = Field(ge=0)
-    checkpointed_size: int = Field(ge=0)
+    state_size: Size
+    checkpointed_size: Size
     handles: list[StateHandleModel] = []
-    source_positions: dict[str, int] = {}
+    source_positions: dict[str, Long] = {}
     sink_transactions: list[SinkTransactionModel] = []
     clock_flagged: bool = False  # a negative duration was clamped to 0
 
 
 class CheckpointDeclined(_Model):
     type: Literal["checkpoint_declined"] = "checkpoint_declined"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
-    reason: str
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
+    reason: Text
 
 
 class CheckpointCompleted(_Model):
     type: Literal["checkpoint_completed"] = "checkpoint_completed"
-    checkpoint_id: int = Field(ge=1)
+    checkpoint_id: CheckpointId
     kind: CheckpointKind = CheckpointKind.CHECKPOINT
     external_path: str | None
-    trigger_timestamp: int
-    completion_timestamp: int
+    trigger_timestamp: Long
+    completion_timestamp: Long
     end_to_end_duration_ms: float = Field(ge=0)
-    state_size: int = Field(ge=0)
+    state_size: Size
 
 
 class CheckpointAborted(_Model):
     type: Literal["checkpoint_aborted"] = "checkpoint_aborted"
-    checkpoint_id: int = Field(ge=1)
-    reason: str
+    checkpoint_id: CheckpointId
+    reason: Text
 
 
 class SinkPreCommitted(_Model):
     type: Literal["sink_pre_committed"] = "sink_pre_committed"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
     transaction: SinkTransactionModel
 
 
 class SinkCommitted(_Model):
     type: Literal["sink_committed"] = "sink_committed"
-    checkpoint_id: int = Field(ge=1)
-    operator_id: str
-    subtask: int = Field(ge=0)
+    checkpoint_id: CheckpointId
+    operator_id: Name
+    subtask: Index
     transaction_id: str
-    parts: int = Field(ge=0)
+    parts: Size
 
 
 class TaskFailed(_Model):
     type: Literal["task_failed"] = "task_failed"
-    epoch: int
-    cause: str
-    operator_id: str | None = None
-    subtask: int | None = None
+    epoch: Epoch
+    cause: Text
+    operator_id: Name | None = None
+    subtask: Index | None = None
 
 
 class JobRestored(_Model):
     type: Literal["job_restored"] = "job_restored"
-    checkpoint_id: int | None  # None: restarted from the beginning (no checkpoint yet)
+    checkpoint_id: CheckpointId | None  # None: restarted from the beginning (no checkpoint yet)
     external_path: str | None = None
-    committed_transactions: int = 0
-    aborted_parts: int = 0
+    committed_transactions: Size = 0
+    aborted_parts: Size = 0
 
 
 class EndOfInput(_Model):
     """The sources are exhausted: the job asks the authority for its final checkpoint."""
 
     type: Literal["end_of_input"] = "end_of_input"
-    epoch: int
+    epoch: Epoch
 
 
 class Heartbeat(_Model):
     type: Literal["heartbeat"] = "heartbeat"
-    epoch: int
-    records: int = Field(ge=0)
+    epoch: Epoch
+    records: Size
     duration_ms: float = Field(ge=0)
     records_per_second: float = Field(ge=0)
-    source_lag: int = Field(ge=0)
-    host_time: int
+    source_lag: Size
+    host_time: Long
+    # The application's executors after the epoch; None: a driver that does not report them.
+    executors: list[ExecutorModel] | None = Field(default=None, max_length=MAX_EXECUTORS)
+
+
+class DriverHeartbeat(_Model):
+    """The driver process is alive (Flink's ``heartbeat.interval``): sent on a timer, whatever
+    the job is doing (starting Spark, a long epoch, waiting for a decision). Unlike
+    :class:`Heartbeat` it carries no metrics and is not tied to an epoch; the control plane
+    fails the job over when these stop for its heartbeat timeout. Keyed by the driver's
+    ``incarnation``, not by the attempt: a driver still switching attempts is alive too."""
+
+    type: Literal["driver_heartbeat"] = "driver_heartbeat"
+    incarnation: Nonce
+    host_time: Long
 
 
 EventPayload = (
@@ -273,6 +336,7 @@ EventPayload = (
     | JobRestored
     | EndOfInput
     | Heartbeat
+    | DriverHeartbeat
 )
 
 # ----------------------------------------------------------------------------- commands
@@ -280,22 +344,22 @@ EventPayload = (
 
 class TriggerCheckpoint(_Model):
     type: Literal["trigger_checkpoint"] = "trigger_checkpoint"
-    checkpoint_id: int = Field(ge=1)
+    checkpoint_id: CheckpointId
     kind: CheckpointKind = CheckpointKind.CHECKPOINT
-    trigger_timestamp: int
+    trigger_timestamp: Long
     target_directory: str | None = None
     is_final: bool = False
 
 
 class NotifyCheckpointComplete(_Model):
     type: Literal["checkpoint_complete"] = "checkpoint_complete"
-    checkpoint_id: int = Field(ge=1)
+    checkpoint_id: CheckpointId
 
 
 class NotifyCheckpointAborted(_Model):
     type: Literal["checkpoint_abort"] = "checkpoint_abort"
-    checkpoint_id: int = Field(ge=1)
-    reason: str
+    checkpoint_id: CheckpointId
+    reason: Text
 
 
 class RestoreJob(_Model):
@@ -304,11 +368,11 @@ class RestoreJob(_Model):
     beginning when both are None. The first command a connected driver obeys."""
 
     type: Literal["restore"] = "restore"
-    checkpoint_id: int | None = None
+    checkpoint_id: CheckpointId | None = None
     savepoint_path: str | None = None
     external_path: str | None = None
     acks: list[SnapshotCompleted] | None = None
-    new_attempt: int = Field(ge=1)
+    new_attempt: int = Field(ge=1, le=MAX_INT)
     request_id: str | None = None
 
 
@@ -318,7 +382,7 @@ class CancelJob(_Model):
 
     type: Literal["cancel"] = "cancel"
     status: JobStatus = JobStatus.CANCELED
-    cause: str | None = None
+    cause: Text | None = None
 
 
 class StopWithSavepoint(_Model):
@@ -326,8 +390,8 @@ class StopWithSavepoint(_Model):
     stops as ``FINISHED``."""
 
     type: Literal["stop_with_savepoint"] = "stop_with_savepoint"
-    checkpoint_id: int = Field(ge=1)
-    trigger_timestamp: int
+    checkpoint_id: CheckpointId
+    trigger_timestamp: Long
     target_directory: str | None = None
 
 
@@ -360,10 +424,15 @@ class Envelope(_Model):
 
     v: int = SCHEMA_VERSION
     type: str
-    job_id: str
-    attempt: int = Field(ge=0)
-    timestamp: int
+    job_id: Annotated[str, AfterValidator(check_job_id)]
+    attempt: int = Field(ge=0, le=MAX_INT)
+    timestamp: Long
     payload: dict[str, Any]
+    # Authentication (``sparkpoint.signing``): the writing process, its sequence number and the
+    # HMAC-SHA256 of the rest with the job's key. None only in unsigned (older, test) messages.
+    sender: Nonce | None = None
+    seq: int | None = Field(default=None, ge=1, le=MAX_LONG)
+    sig: str | None = Field(default=None, max_length=64)
 
     def decoded(self) -> _Model:
         """The payload validated against the model of this message's type."""
@@ -396,8 +465,18 @@ def encode(message: Envelope, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> byt
     return raw
 
 
-def decode(raw: bytes | str | dict[str, Any]) -> tuple[Envelope, _Model]:
-    """Parse and validate a message; raises :class:`ProtocolError`, never anything else."""
+def decode(
+    raw: bytes | str | dict[str, Any], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> tuple[Envelope, _Model]:
+    """Parse and validate a message; raises :class:`ProtocolError`, never anything else.
+
+    An encoded message above ``max_bytes`` is refused before it is parsed: a writer that
+    bypassed :func:`encode` cannot make the reader apply (or hold) more than the limit.
+    """
+    if not isinstance(raw, dict):
+        size = len(raw.encode()) if isinstance(raw, str) else len(raw)
+        if size > max_bytes:
+            raise ProtocolError(f"message of {size} bytes is above the {max_bytes}-byte limit")
     try:
         if isinstance(raw, dict):
             env = Envelope.model_validate(raw)
@@ -416,4 +495,4 @@ def decode(raw: bytes | str | dict[str, Any]) -> tuple[Envelope, _Model]:
 def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "message"
-    return f"{where}: {first['msg']}"
+    return f"{where}: {first['msg'].removeprefix('Value error, ')}"

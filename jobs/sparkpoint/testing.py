@@ -79,3 +79,40 @@ def committed_lines(directory: str) -> list[str]:
 def line_counts(directory: str) -> Counter[str]:
     """The committed output as a multiset of lines (order between files is not defined)."""
     return Counter(committed_lines(directory))
+
+
+@dataclass
+class MemorySnapshotTarget:
+    """A snapshot target that keeps what a backend's snapshot writes in memory: canonical
+    blobs in ``blobs`` (handles are real, with size and checksum, and inline bytes)."""
+
+    checkpoint_id: int = 1
+    key_group_range: Any = None
+    incremental: bool = False
+
+    def __post_init__(self) -> None:
+        self.blobs: list[bytes] = []
+
+    def write(self, data: bytes, *, fmt: str) -> Any:
+        import base64
+
+        from sparkpoint.checkpointing.storage_base import state_handle
+
+        self.blobs.append(bytes(data))
+        handle = state_handle(data, self.key_group_range, inline=base64.b64encode(data).decode())
+        return handle.model_copy(update={"format": fmt})
+
+    def write_native(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("MemorySnapshotTarget keeps canonical snapshots only")
+
+
+def snapshot_blob(backend: Any, checkpoint_id: int = 1) -> bytes:
+    """A backend's canonical snapshot, both phases run at once (for tests)."""
+    capture = backend.snapshot(checkpoint_id, native=False)
+    target = MemorySnapshotTarget(checkpoint_id, backend.key_group_range)
+    try:
+        capture.materialize(target)
+    finally:
+        capture.release()
+    (blob,) = target.blobs
+    return blob

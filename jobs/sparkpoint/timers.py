@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.state.backend import KeyedStateBackend, StateTable
 from sparkpoint.state.descriptors import MapStateDescriptor
-from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 
 TIMERS_STATE = "__timers__"
 
@@ -36,10 +36,10 @@ def ordered_keys(keys: Iterable[Any]) -> list[Any]:
 class InternalTimerService:
     """The event-time timers of one keyed subtask, in its state backend."""
 
-    def __init__(self, backend: HashMapKeyedStateBackend) -> None:
+    def __init__(self, backend: KeyedStateBackend) -> None:
         self._backend = backend
         backend.get_state(MapStateDescriptor(TIMERS_STATE))  # registers (or finds restored)
-        self._table: dict[Any, dict[int, None]] = backend.table(TIMERS_STATE)
+        self._table: StateTable = backend.table(TIMERS_STATE)
         self._by_time: dict[int, set[Any]] = {}
         self._heap: list[int] = []
         for key, stamps in self._table.items():
@@ -109,7 +109,7 @@ class InternalTimerService:
 class TimerService:
     """Flink's ``TimerService`` as a keyed function sees it: timers of the current key."""
 
-    def __init__(self, backend: HashMapKeyedStateBackend, timers: InternalTimerService) -> None:
+    def __init__(self, backend: KeyedStateBackend, timers: InternalTimerService) -> None:
         self._backend = backend
         self._timers = timers
 

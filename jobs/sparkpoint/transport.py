@@ -9,23 +9,26 @@ plane sends those commands with :func:`send_command`. Every stream entry carries
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import redis
 from pydantic import BaseModel
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from sparkpoint import protocol
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.errors import SparkpointError
 from sparkpoint.events import EventSink
+from sparkpoint.redis_connection import DEFAULT_DATA_DIR as DEFAULT_DATA_DIR
+from sparkpoint.redis_connection import SOCKET_TIMEOUT_S as SOCKET_TIMEOUT_S
+from sparkpoint.redis_connection import URL_FILE as URL_FILE
+from sparkpoint.redis_connection import client_url as client_url
+from sparkpoint.redis_connection import default_redis_url as default_redis_url
+from sparkpoint.redis_connection import redis_client as redis_client
+from sparkpoint.signing import Signer
+from sparkpoint.stream_retention import trim_acknowledged
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +36,7 @@ EVENTS_GROUP = "control-plane"
 COMMANDS_GROUP = "job"
 FIELD = b"m"
 
-DEFAULT_DATA_DIR = ".sparkpoint/server"
-URL_FILE = "redis.url"
 RETRY_FOR_S = 30.0  # how long a write keeps retrying while Redis is unreachable
-SOCKET_TIMEOUT_S = 30.0  # a blocking read's ``block_ms`` must stay below this
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 _COMMAND_TYPES = frozenset(
@@ -80,63 +80,6 @@ class ReceivedMessage:
 
 
 # ----------------------------------------------------------------------------- connections
-
-
-def redis_client(url: str) -> redis.Redis:
-    """A client of the Redis at ``url`` that returns bytes (``decode_responses=False``).
-
-    A command that fails on a broken connection is retried once at once (that reconnects a
-    pooled connection to a restarted server); longer outages are the callers' to retry.
-    Blocking reads must ask for less than :data:`SOCKET_TIMEOUT_S`.
-
-    Raises:
-        ConfigurationError: the URL is malformed (it is named in the message).
-    """
-    parts = urlsplit(url)
-    db = parts.path.lstrip("/")
-    if parts.scheme in ("redis", "rediss") and db and not db.isdigit():
-        raise ConfigurationError(f"invalid Redis URL {url!r}: database {db!r} is not a number")
-    try:
-        return redis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_timeout=SOCKET_TIMEOUT_S,
-            socket_connect_timeout=5.0,
-            retry=Retry(NoBackoff(), retries=1),
-        )
-    except ValueError as err:
-        raise ConfigurationError(f"invalid Redis URL {url!r}: {err}") from err
-
-
-def default_redis_url(data_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """The Redis a job or the control plane should use when none is given.
-
-    Args:
-        data_dir: The control plane's data directory; defaults to ``SPARKPOINT_DATA_DIR``,
-            else ``.sparkpoint/server``.
-
-    Returns:
-        ``REDIS_URL`` if set, else the contents of ``<data_dir>/redis.url`` (written by a
-        control plane that runs an embedded Redis) if that file exists, else None.
-    """
-    url = os.environ.get("REDIS_URL", "").strip()
-    if url:
-        return url
-    directory = data_dir or os.environ.get("SPARKPOINT_DATA_DIR") or DEFAULT_DATA_DIR
-    path = Path(directory) / URL_FILE
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def client_url(client: redis.Redis) -> str:
-    """Where ``client`` connects, as a URL without credentials (for error messages)."""
-    kwargs = client.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
-    host = kwargs.get("host", "localhost")
-    return f"redis://{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
 def _retrying(
@@ -230,9 +173,11 @@ def decode_entry(entry_id: str, fields: dict[bytes, bytes] | None) -> ReceivedMe
 class RedisEventSink(EventSink):
     """Publishes a job's events to the events stream, one entry per envelope.
 
-    The stream is never trimmed: the control plane reads every event. While Redis is
-    unreachable a publish retries for ``retry_for_s``; a retried batch may be written twice
-    (delivery is at-least-once, the control plane's handlers are idempotent).
+    The control plane removes the events it acknowledged (:mod:`sparkpoint.stream_retention`).
+    While Redis is unreachable a publish retries for ``retry_for_s``; a retried batch may be
+    written twice (the control plane dead-letters the second copy as a replay). With a
+    ``signer`` every event is numbered and signed (:mod:`sparkpoint.signing`), and written under
+    the signer's lock, so that a sender's sequence numbers reach the stream in order.
     """
 
     def __init__(
@@ -244,10 +189,12 @@ class RedisEventSink(EventSink):
         retry_for_s: float = RETRY_FOR_S,
         clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        signer: Signer | None = None,
     ) -> None:
         self.client = client
         self.streams = streams
         self.max_bytes = max_bytes
+        self.signer = signer
         self._retry_for_s = retry_for_s
         self._clock = clock
         self._sleep = sleep
@@ -261,6 +208,13 @@ class RedisEventSink(EventSink):
         """
         if not events:
             return
+        if self.signer is None:
+            self._publish(events)
+            return
+        with self.signer.lock:
+            self._publish(self.signer.sign(events))
+
+    def _publish(self, events: Sequence[protocol.Envelope]) -> None:
         encoded = [protocol.encode(event, self.max_bytes) for event in events]
         stream = self.streams.events
 
@@ -293,6 +247,7 @@ def send_command(
     *,
     max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
     retry_for_s: float = RETRY_FOR_S,
+    signer: Signer | None = None,
 ) -> str:
     """Send one command to a job.
 
@@ -305,6 +260,7 @@ def send_command(
         payload: One of the protocol's command models.
         max_bytes: The size limit of the encoded message.
         retry_for_s: How long to retry while Redis is unreachable.
+        signer: Numbers and signs the command (:mod:`sparkpoint.signing`).
 
     Returns:
         The entry id in the job's command stream.
@@ -314,9 +270,9 @@ def send_command(
         TransportError: Redis stayed unreachable for ``retry_for_s``.
     """
     message = protocol.envelope(job_id, attempt, timestamp, payload)
-    return send_commands(client, streams, [message], max_bytes=max_bytes, retry_for_s=retry_for_s)[
-        0
-    ]
+    return send_commands(
+        client, streams, [message], max_bytes=max_bytes, retry_for_s=retry_for_s, signer=signer
+    )[0]
 
 
 def send_commands(
@@ -326,8 +282,10 @@ def send_commands(
     *,
     max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
     retry_for_s: float = RETRY_FOR_S,
+    signer: Signer | None = None,
 ) -> list[str]:
-    """Send commands (each to its envelope's job) in one round trip, in order.
+    """Send commands (each to its envelope's job) in one round trip, in order; numbered and
+    signed by ``signer`` when given (under its lock, so they reach the streams in order).
 
     Returns:
         The entry ids, one per command.
@@ -338,6 +296,11 @@ def send_commands(
     """
     if not items:
         return []
+    if signer is not None:
+        with signer.lock:
+            return send_commands(
+                client, streams, signer.sign(items), max_bytes=max_bytes, retry_for_s=retry_for_s
+            )
     encoded = [(streams.commands(item.job_id), protocol.encode(item, max_bytes)) for item in items]
 
     def xadd_all() -> list[Any]:
@@ -355,7 +318,8 @@ class CommandChannel:
     """A job's reader of its own command stream (consumer group ``job``).
 
     Malformed entries (and events sent to a command stream) are logged, acknowledged, counted
-    in :attr:`malformed` and skipped: a bad command never crashes the job.
+    in :attr:`malformed` and skipped: a bad command never crashes the job. With a ``verifier``
+    (:class:`sparkpoint.signing.CommandVerifier`), so are unsigned, forged and replayed ones.
     """
 
     def __init__(
@@ -364,11 +328,13 @@ class CommandChannel:
         job_id: str,
         consumer: str,
         streams: Streams = Streams(),
+        verifier: Callable[[protocol.Envelope], str | None] | None = None,
     ) -> None:
         self.client = client
         self.job_id = job_id
         self.consumer = consumer
         self.stream = streams.commands(job_id)
+        self.verifier = verifier
         self.malformed = 0
 
     def open(self) -> None:
@@ -409,6 +375,14 @@ class CommandChannel:
                 count=count,
                 block=block_ms or None,
             )
+        except redis.ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise TransportError(
+                    f"could not read commands of job {self.job_id} from {self.stream} "
+                    f"(Redis at {client_url(self.client)}): {err}"
+                ) from err
+            self._reopen_deleted()
+            return []
         except redis.RedisError as err:
             raise TransportError(
                 f"could not read commands of job {self.job_id} from {self.stream} "
@@ -423,6 +397,11 @@ class CommandChannel:
                     raise protocol.ProtocolError(
                         f"entry {entry_id}: {message.envelope.type} is not a command"
                     )
+                refusal = self.verifier(message.envelope) if self.verifier else None
+                if refusal is not None:
+                    raise protocol.ProtocolError(
+                        f"entry {entry_id}: {message.envelope.type} command refused: {refusal}"
+                    )
             except protocol.ProtocolError as err:
                 log.warning("skipping malformed command in %s: %s", self.stream, err)
                 bad.append(entry_id)
@@ -434,15 +413,33 @@ class CommandChannel:
         return received
 
     def ack(self, entry_ids: Iterable[str]) -> None:
-        """Acknowledge commands that were obeyed.
+        """Acknowledge commands that were obeyed, and remove them from the stream.
 
         Raises:
             TransportError: Redis stayed unreachable.
         """
         ids = list(entry_ids)
-        if ids:
-            _retrying(
-                lambda: self.client.xack(self.stream, COMMANDS_GROUP, *ids),
-                f"acknowledge {len(ids)} command(s) in {self.stream}",
-                self.client,
-            )
+        if not ids:
+            return
+        _retrying(
+            lambda: self.client.xack(self.stream, COMMANDS_GROUP, *ids),
+            f"acknowledge {len(ids)} command(s) in {self.stream}",
+            self.client,
+        )
+        try:
+            trim_acknowledged(self.client, self.stream)
+        except redis.RedisError as err:  # the next acknowledgement trims them
+            log.warning("could not trim the acknowledged commands of %s: %s", self.stream, err)
+
+    def _reopen_deleted(self) -> None:
+        """The stream was deleted (the control plane drops a finished job's commands): read
+        it again from its first entry, since whatever was added since is meant for us."""
+        log.warning("command stream %s was deleted; reading it again from the start", self.stream)
+        try:
+            self.client.xgroup_create(self.stream, COMMANDS_GROUP, id="0", mkstream=True)
+        except redis.RedisError as err:
+            if "BUSYGROUP" not in str(err):
+                raise TransportError(
+                    f"could not re-create the consumer group of {self.stream} "
+                    f"(Redis at {client_url(self.client)}): {err}"
+                ) from err

@@ -13,6 +13,7 @@ with no allowed lateness.
 from __future__ import annotations
 
 import copy
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,8 @@ from typing import Any
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.functions import KeyedOperator, KeySelector, select_keys
 from sparkpoint.records import Batch
+from sparkpoint.state.backend import KeyedStateBackend, StateTable
 from sparkpoint.state.descriptors import MapStateDescriptor
-from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.timers import InternalTimerService
 from sparkpoint.watermarks import TimestampSelector, extract_timestamps
 
@@ -72,6 +73,16 @@ class TumblingEventTimeWindows:
 WindowAssigner = TumblingEventTimeWindows | SlidingEventTimeWindows
 
 
+class _Initial(enum.Enum):
+    """The marker for "no ``initial`` given" (``reduce``). An enum member pickles by name, so
+    the copy a Spark worker unpickles is the same object (an ``object()`` would not be)."""
+
+    NONE = 0
+
+
+_NO_INITIAL = _Initial.NONE
+
+
 def count_one(acc: int, _value: Any) -> int:
     return acc + 1
 
@@ -81,11 +92,12 @@ class WindowOperator(KeyedOperator):
 
     ``add(acc, value)`` folds a record into a window's accumulator, starting from a copy of
     ``initial``; with ``initial`` left out (``reduce``) the first record is the accumulator.
+    Whether there is an ``initial`` is kept as the flag ``has_initial``, not as a marker
+    object, so the operator means the same after it is pickled to the Spark workers.
     """
 
     kind = "window"
     STATE = "windows"
-    _NO_INITIAL: Any = object()
 
     def __init__(
         self,
@@ -103,23 +115,23 @@ class WindowOperator(KeyedOperator):
         self.timestamps = timestamps
         self.add = add
         self.output = output
-        self.initial = initial
+        self.has_initial = initial is not _NO_INITIAL
+        self.initial = initial if self.has_initial else None
         self.needs_values = needs_values
 
-    def open(self, backend: HashMapKeyedStateBackend) -> None:
+    def open(self, backend: KeyedStateBackend) -> None:
         super().open(backend)
         backend.get_state(MapStateDescriptor(self.STATE))  # registers the state
-        self._windows: dict[Any, dict[Window, Any]] = backend.table(self.STATE)
+        self._windows: StateTable = backend.table(self.STATE)
         self._timers = InternalTimerService(backend)
 
-    def _fold(self, acc: Any, value: Any) -> Any:
-        if acc is self._NO_INITIAL:
-            if self.initial is self._NO_INITIAL:
-                return value
-            acc = copy.deepcopy(self.initial)
-        return self.add(acc, value)
+    def _first(self, value: Any) -> Any:
+        """The accumulator of a window whose first record is ``value``."""
+        if not self.has_initial:
+            return value
+        return self.add(copy.deepcopy(self.initial), value)
 
-    def process(self, batch: Batch, backend: HashMapKeyedStateBackend) -> Batch:
+    def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         if not len(batch):
             return Batch.of_rows([])
         keys = select_keys(self.selector, batch).tolist()
@@ -136,13 +148,14 @@ class WindowOperator(KeyedOperator):
                 backend.set_current_key(key)  # checks the key's key group, once per key
                 accs = self._windows[key] = {}
             for w in windows:
-                acc = accs.get(w, self._NO_INITIAL)
-                if acc is self._NO_INITIAL:
+                if w in accs:
+                    accs[w] = self.add(accs[w], value)
+                else:
                     self._timers.register(key, w[1] - 1)
-                accs[w] = self._fold(acc, value)
+                    accs[w] = self._first(value)
         return Batch.of_rows([])
 
-    def on_watermark(self, backend: HashMapKeyedStateBackend) -> Batch:
+    def on_watermark(self, backend: KeyedStateBackend) -> Batch:
         return Batch.of_rows(self._timers.advance(self._fire))
 
     def _fire(self, timestamp: int, key: Any) -> list[dict[str, Any]]:

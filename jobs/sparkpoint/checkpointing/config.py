@@ -7,12 +7,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.limits import MAX_DURATION_MS, MAX_INT
 from sparkpoint.protocol import CheckpointingMode
 
 #: Fields that apply from the next trigger when changed on a running job.
 RUNTIME_MUTABLE = frozenset(
     {"interval_ms", "timeout_ms", "tolerable_failures", "min_pause_ms", "retained"}
 )
+
+#: Upper bounds (``sparkpoint.limits``): durations at most a year, counts a Java ``int``.
+_AT_MOST = {
+    **dict.fromkeys(("interval_ms", "timeout_ms", "min_pause_ms"), MAX_DURATION_MS),
+    **dict.fromkeys(("max_concurrent", "tolerable_failures", "retained"), MAX_INT),
+}
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,20 @@ class CheckpointConfig:
     retained: int = 1
 
     def __post_init__(self) -> None:
+        for name in _AT_MOST:  # NaN or a string would pass or break the comparisons below
+            if type(getattr(self, name)) is not int:
+                raise ConfigurationError(f"{name} must be an integer, got {getattr(self, name)!r}")
         for name in ("interval_ms", "min_pause_ms", "tolerable_failures"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("timeout_ms", "max_concurrent", "retained"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, most in _AT_MOST.items():
+            if getattr(self, name) > most:
+                raise ConfigurationError(
+                    f"{name} must be at most {most}, got {getattr(self, name)}"
+                )
 
     def with_changes(self, changes: dict[str, Any]) -> CheckpointConfig:
         """A copy with the runtime-mutable fields in ``changes`` applied."""

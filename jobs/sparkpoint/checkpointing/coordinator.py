@@ -321,12 +321,14 @@ class CheckpointCoordinator:
                 f"job {self.job_id}: checkpoint {checkpoint_id} is not retained "
                 f"(retained: {retained})"
             )
-        return self._restart(f"restore of checkpoint {checkpoint_id} requested", checkpoint)
+        return self._restart(
+            f"restore of checkpoint {checkpoint_id} requested", checkpoint, requested=True
+        )
 
     def restore_from(self, checkpoint: CompletedCheckpoint, cause: str) -> FailoverDecision:
         """Like :meth:`failover`, restoring a checkpoint the store does not hold (a savepoint
         read from its path)."""
-        return self._restart(cause, checkpoint)
+        return self._restart(cause, checkpoint, requested=True)
 
     # ------------------------------------------------------------------------- recovery
 
@@ -446,9 +448,23 @@ class CheckpointCoordinator:
                 f"{failed.message} ({failed.reason.value})"
             )
 
-    def _restart(self, cause: str, restore_from: CompletedCheckpoint | None) -> FailoverDecision:
-        why = f"aborted by the failover of attempt {self._attempt}: {cause}"
-        aborted = self._abort_pending(Reason.JOB_FAILOVER_REGION, why)
+    def _restart(
+        self, cause: str, restore_from: CompletedCheckpoint | None, *, requested: bool = False
+    ) -> FailoverDecision:
+        """Abort what is pending and start the next attempt from ``restore_from``.
+
+        A failover aborts with ``JOB_FAILOVER_REGION``; a restore a user ``requested`` is no
+        failure of the job: its checkpoints in flight are aborted as Flink aborts them when it
+        suspends the coordinator to restart the job (``CHECKPOINT_COORDINATOR_SUSPEND``), and
+        the message says which restore.
+        """
+        if requested:
+            reason = Reason.CHECKPOINT_COORDINATOR_SUSPEND
+            why = f"aborted: attempt {self._attempt} ends, {cause}"
+        else:
+            reason = Reason.JOB_FAILOVER_REGION
+            why = f"aborted by the failover of attempt {self._attempt}: {cause}"
+        aborted = self._abort_pending(reason, why)
         self._attempt += 1
         self._must_fail_cause = None
         self._periodic_base_mono = self._clock.monotonic_ms()

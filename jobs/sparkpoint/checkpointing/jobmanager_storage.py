@@ -115,6 +115,10 @@ class JobManagerCheckpointStorage(CheckpointStorage):
             )
         return decode_metadata(raw.encode("utf-8"), f"checkpoint {checkpoint_id} metadata")
 
+    def _check_job_directory(self, job_id: str) -> None:
+        if self._files is not None:  # _metadata goes to --checkpoint-dir
+            self._files._check_job_directory(job_id)
+
     def discard(self, job_id: str, checkpoint_id: int) -> None:
         if self._files is not None:
             self._files.discard(job_id, checkpoint_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkpoint.errors import CheckpointError, ConfigurationError
 from sparkpoint.protocol import CheckpointKind, SinkTransactionModel, SnapshotCompleted
@@ -358,3 +359,18 @@ class FailoverDecision:
     restore_from: CompletedCheckpoint | None
     cause: str
     aborted: list[FailedCheckpoint] = field(default_factory=list)
+
+
+def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:
+    """The ``_metadata`` of a completed checkpoint: everything a restore from its path needs."""
+    return {
+        "format": "sparkpoint-checkpoint/1",
+        "job_id": job_id,
+        "checkpoint_id": cp.checkpoint_id,
+        "kind": cp.kind.value,
+        "attempt": cp.attempt,
+        "is_final": cp.is_final,
+        "trigger_timestamp": cp.trigger_timestamp,
+        "completion_timestamp": cp.completion_timestamp,
+        "acks": [a.model_dump(mode="json") for a in cp.acks.values()],
+    }

@@ -4,7 +4,9 @@ Keys, accepted values and defaults are Flink 1.20's, unchanged in 2.x (``Restart
 and the "Task Failure Recovery" page of the Flink 1.20 docs); see :data:`DEFAULTS`. With no
 ``restart-strategy.type`` the strategy is ``exponential-delay`` when checkpointing is enabled and
 ``none`` otherwise. A strategy is fed failure times (any millisecond clock the caller keeps
-consistent) and returns a :class:`RestartDecision`; nothing here sleeps.
+consistent) and returns a :class:`RestartDecision`; nothing here sleeps. Parsed durations are
+at most ``sparkpoint.limits.MAX_DURATION_MS`` (one year) and counts at most ``MAX_INT`` (Flink's
+``int`` options), so that every strategy built here can be stored and run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.limits import MAX_DURATION_MS, MAX_INT
 
 ConfigValue = str | int | float
 
@@ -26,7 +29,7 @@ DEPRECATED_TYPE_KEY = "restart-strategy"
 FIXED = "restart-strategy.fixed-delay."
 RATE = "restart-strategy.failure-rate."
 EXP = "restart-strategy.exponential-delay."
-INFINITE_ATTEMPTS = 2**31 - 1  # Flink's Integer.MAX_VALUE, documented as "infinite"
+INFINITE_ATTEMPTS = MAX_INT  # Flink's Integer.MAX_VALUE, documented as "infinite"
 
 #: Flink 1.20 (and 2.x) defaults of every strategy option.
 DEFAULTS: dict[str, ConfigValue] = {
@@ -338,28 +341,48 @@ _UNITS_MS: dict[str, float] = {
     for name in names.split()
 }
 _DURATION = re.compile(r"^\s*(\d+)\s*([a-zµ]*)\s*$")
+_INTEGER = re.compile(r"^\s*(-?\d+)\s*$")
+_MAX_DIGITS = 30  # a longer number is out of range anyway (and slow to convert)
 
 
 def parse_duration_ms(value: ConfigValue, key: str = "duration") -> int:
     """Milliseconds of a Flink duration (``"10 s"``, ``"1 min"``, ``"500 ms"``, ``"1s"``) or int.
 
     Raises:
-        ConfigurationError: naming ``key`` and the value when it is not a valid duration.
+        ConfigurationError: naming ``key`` and the value when it is not a valid duration, or
+            is longer than ``MAX_DURATION_MS`` (one year).
     """
     if isinstance(value, (bool, float)):
         raise ConfigurationError(f"{key}: invalid duration {value!r} (use an int of ms or '10 s')")
     if isinstance(value, int):
         if value < 0:
             raise ConfigurationError(f"{key}: invalid duration {value!r}: negative")
-        return value
+        return _at_most_a_year(value, value, key)
     match = _DURATION.match(str(value).lower())
     unit_ms = _UNITS_MS.get(match.group(2) or "ms") if match else None
     if match is None or unit_ms is None:
         raise ConfigurationError(
-            f"{key}: invalid duration {value!r}; expected a number and a unit "
+            f"{key}: invalid duration {_shown(value)}; expected a number and a unit "
             "(ms, s, min, h, d), for example '10 s'"
         )
-    return int(int(match.group(1)) * unit_ms)
+    digits = match.group(1).lstrip("0")
+    ms = int(int(digits or "0") * unit_ms) if len(digits) <= _MAX_DIGITS else MAX_DURATION_MS + 1
+    return _at_most_a_year(ms, value, key)
+
+
+def _at_most_a_year(ms: int, value: ConfigValue, key: str) -> int:
+    if ms > MAX_DURATION_MS:
+        raise ConfigurationError(
+            f"{key}: invalid duration {_shown(value)}: longer than the maximum of "
+            f"{format_duration(MAX_DURATION_MS)} ({MAX_DURATION_MS} ms)"
+        )
+    return ms
+
+
+def _shown(value: ConfigValue) -> str:
+    """``repr(value)``, cut short: an error message never echoes a huge value whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def format_duration(ms: int) -> str:
@@ -371,12 +394,17 @@ def format_duration(ms: int) -> str:
 
 
 def _int(conf: dict[str, ConfigValue], key: str) -> int:
+    """An integer option, at most ``MAX_INT`` (the constructors check the lower bounds)."""
     value = conf.get(key, DEFAULTS[key])
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        return int(value)
-    raise ConfigurationError(f"{key}: invalid integer {value!r}")
+        number = value
+    elif isinstance(value, str) and (match := _INTEGER.match(value)) and len(value) <= 40:
+        number = int(match.group(1))
+    else:
+        raise ConfigurationError(f"{key}: invalid integer {_shown(value)}")
+    if number > MAX_INT:
+        raise ConfigurationError(f"{key}: invalid value {_shown(value)}: must be at most {MAX_INT}")
+    return number
 
 
 def _float(conf: dict[str, ConfigValue], key: str) -> float:

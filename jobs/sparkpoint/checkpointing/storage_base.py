@@ -13,23 +13,42 @@ import abc
 import base64
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+import os
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import fsspec
+import fsspec.config
+
+from sparkpoint.checkpointing.shared_state import metadata_handles
 from sparkpoint.errors import (
     CheckpointError,
     ConfigurationError,
     CorruptSnapshotError,
     StorageLocationError,
 )
-from sparkpoint.protocol import StateHandleModel
+from sparkpoint.protocol import SharedFileModel, StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
 
 _GLOB_CHARS = frozenset("*?[]")
+#: Filesystems with an atomic rename whose listings show every write at once. Any other
+#: protocol (``s3``, ``gs``, ``abfs``...) is an object store: no rename, a put is atomic.
+RENAMING_PROTOCOLS = frozenset(
+    {"file", "local", "memory", "hdfs", "arrow_hdfs", "webhdfs", "viewfs"}
+)
 
 
 class StateTooLargeError(CheckpointError):
     """A snapshot is above the inline size limit of jobmanager checkpoint storage."""
+
+
+class NativeSnapshotUnsupportedError(StateTooLargeError, ConfigurationError):
+    """Native (incremental) snapshots need filesystem checkpoint storage (Flink's rule too).
+
+    A :class:`StateTooLargeError`, so that a subtask declines the checkpoint with the reason,
+    and a :class:`ConfigurationError`, so that a check at start-up can refuse the options.
+    """
 
 
 class CheckpointStorage(abc.ABC):
@@ -85,6 +104,87 @@ class CheckpointStorage(abc.ABC):
             "it keeps state inline and has no filesystem to read it from"
         )
 
+    def write_native(
+        self,
+        job_id: str,
+        checkpoint_id: int,
+        name: str,
+        private: Mapping[str, str],
+        shared: Mapping[str, str],
+        reused: Sequence[SharedFileModel],
+        *,
+        key_group_range: KeyGroupRange | None,
+        fmt: str,
+    ) -> StateHandleModel:
+        """Store a native (incremental) snapshot: its own files, each uploaded at most once.
+
+        Args:
+            job_id: the job.
+            checkpoint_id: the checkpoint (>= 1); it becomes part of new shared files' names.
+            name: the state's name within the checkpoint (as for :meth:`write_state`).
+            private: file name -> local path of files only this checkpoint keeps.
+            shared: file name -> local path of new immutable files that later checkpoints may
+                reuse (uploaded to the job's ``shared/`` directory).
+            reused: shared files an earlier checkpoint of this job uploaded, referenced again
+                without an upload.
+            key_group_range: the key groups the snapshot covers.
+            fmt: the snapshot's format, recorded in the handle (``"rocksdb-native-v1"``).
+
+        Returns:
+            The handle of the snapshot's manifest, listing in ``shared`` every shared file
+            it references (new and reused).
+
+        Raises:
+            NativeSnapshotUnsupportedError: this storage keeps state inline.
+            StorageLocationError: a reused file outside this job's ``shared/`` directory.
+        """
+        raise self._native_unsupported(name)
+
+    def fetch_native(self, handle: StateHandleModel, dest_dir: str) -> None:
+        """Download every file of a native snapshot into the local directory ``dest_dir``.
+
+        Raises:
+            CorruptSnapshotError: the manifest or a file is missing or altered (the message
+                names the file and the manifest).
+            StorageLocationError: a path outside this storage's base directory.
+        """
+        raise self._native_unsupported(handle.path or "inline state")
+
+    def _native_unsupported(self, what: str) -> NativeSnapshotUnsupportedError:
+        return NativeSnapshotUnsupportedError(
+            f"{type(self).__name__} keeps state inline in the checkpoint metadata: the "
+            f"incremental (native) snapshot of {what} needs a filesystem checkpoint storage "
+            "(--checkpoint-storage filesystem --checkpoint-dir URL)"
+        )
+
+    def verify_handles(self, handles: Iterable[StateHandleModel]) -> None:
+        """Check, before a restore, that the files of ``handles`` are there and intact.
+
+        Inline state and files up to a small limit are checked in full; larger files (and the
+        files of a native snapshot's ``shared/`` directory) by their size: their checksum is
+        verified when they are read.
+
+        Raises:
+            CorruptSnapshotError: a missing or altered file, named.
+            StorageLocationError: a path outside this storage's base directory.
+        """
+        for handle in handles:
+            self.read_state(handle)
+
+    def verify_checkpoint(self, job_id: str, checkpoint_id: int) -> None:
+        """:meth:`verify_handles` of every handle in a completed checkpoint's ``_metadata``.
+
+        Raises:
+            CheckpointNotFoundError: the checkpoint has no metadata here.
+            CorruptSnapshotError: a missing or altered file, or invalid metadata.
+        """
+        meta = self.read_checkpoint_metadata(job_id, checkpoint_id)
+        where = f"checkpoint {checkpoint_id} of job {job_id}"
+        try:
+            self.verify_handles(metadata_handles(meta, where))
+        except CorruptSnapshotError as err:
+            raise CorruptSnapshotError(f"{where}: {err}") from err
+
     @abc.abstractmethod
     def write_metadata(
         self, job_id: str, checkpoint_id: int, metadata: Mapping[str, Any]
@@ -112,6 +212,30 @@ class CheckpointStorage(abc.ABC):
         Raises:
             CheckpointNotFoundError: the checkpoint has no metadata here.
         """
+
+    def check_writable(self, job_id: str, local_dir: str | None = None) -> None:
+        """Check, before the first epoch, that the job can write where it keeps state.
+
+        Steps: (1) this storage's directory for the job (storage that keeps everything in
+        memory has none), (2) the job's local working-state directory under ``local_dir``.
+        A job that cannot write there would fail every epoch and restart without end.
+
+        Raises:
+            ConfigurationError: one line naming the directory and the error (for example the
+                OS error: permission denied, not a directory).
+        """
+        # Step 1
+        self._check_job_directory(job_id)
+        # Step 2
+        if local_dir is not None:
+            check_segment(job_id, "job id", forbid_glob=True)
+            probe_directory(
+                fsspec.filesystem("file"), os.path.join(local_dir, job_id), "--local-dir", local_dir
+            )
+
+    def _check_job_directory(self, job_id: str) -> None:  # noqa: B027 - in-memory: nothing
+        """Create the job's directory in this storage and write a file there (see
+        :meth:`check_writable`)."""
 
     @abc.abstractmethod
     def discard(self, job_id: str, checkpoint_id: int) -> None:
@@ -178,6 +302,45 @@ def check_segment(
             f"{what} {value!r} {problem}: it must be a single name under the checkpoint directory"
         )
     return value
+
+
+def probe_directory(fs: fsspec.AbstractFileSystem, path: str, option: str, url: str) -> None:
+    """Create ``path`` on ``fs``, write a probe file there and delete it again.
+
+    Raises:
+        ConfigurationError: ``cannot write to OPTION URL: ERROR`` on one line.
+    """
+    probe = f"{path.rstrip('/')}/.sparkpoint-probe-{uuid.uuid4().hex}"
+    try:
+        fs.makedirs(path, exist_ok=True)
+        fs.pipe_file(probe, b"sparkpoint")
+        fs.rm(probe)
+    except Exception as err:  # OSError locally; object stores raise their own errors too
+        detail = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigurationError(f"cannot write to {option} {url}: {detail}") from err
+
+
+def is_object_store(protocols: Iterable[str]) -> bool:
+    """Whether a filesystem with these fsspec protocols is an object store (no rename)."""
+    return not RENAMING_PROTOCOLS.intersection(protocols)
+
+
+def shipped_storage_options(
+    fs_class: type[fsspec.AbstractFileSystem], storage_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The storage options of an object store as Spark executors must use them.
+
+    The driver's fsspec configuration for the protocol (``FSSPEC_S3_ENDPOINT_URL``,
+    ``fsspec.config.conf["s3"]``: endpoint, credentials) is captured here, on the driver, so
+    that executors, whose environment may differ, talk to the same store the same way (as
+    Spark ships its Hadoop configuration); explicit ``storage_options`` win. The listing cache
+    is off: other processes (executors, the driver, a fork) write the same prefixes, and a
+    cached listing would hide their objects.
+    """
+    options: dict[str, Any] = {"use_listings_cache": False}
+    options.update(fsspec.config.apply_config(fs_class, {}))
+    options.update(storage_options or {})
+    return options
 
 
 def check_checkpoint_id(checkpoint_id: Any) -> int:

@@ -3,16 +3,38 @@
 A transaction holds what one sink subtask wrote between two barriers, possibly over several
 epochs (one part per epoch and task attempt). The task side writes parts and pre-commits on a
 barrier; the driver side commits a pre-committed transaction once its checkpoint completed,
-and on restore commits the restored checkpoint's transactions again and aborts the rest.
+and on restore commits the restored checkpoint's transactions again and aborts every other
+uncommitted part the job wrote.
+
+Jobs that share an output and a sink uid (a fork started from another job's checkpoint or
+savepoint into the same directory or table, running while the original still does) must not
+touch each other's transactions. As Flink's ``TwoPhaseCommitSinkFunction`` and ``KafkaSink``
+(whose transactional-id prefix must differ per job) do:
+
+- every transaction id and part name carries the writing job's :func:`job_tag`, unambiguous
+  (the whole job id, or a hash of it), so two jobs never write or commit the same name;
+- a restore commits the restored checkpoint's pre-committed transactions, also when another
+  job wrote them: that checkpoint completed, so their output is decided, and both commits are
+  idempotent, also when the original job commits them at the same time (a rename that finds
+  its part renamed already; the SQL commit log's key);
+- a restore aborts only what this job wrote (:func:`written_by`), never another job's parts:
+  not the restored job's open transaction either (the original may still pre-commit it). Parts
+  that a job that will never run again left uncommitted stay hidden, out of the output.
+
+Parts named before job tags were unambiguous (``job_id[:8]``) are still committed when a
+restored checkpoint lists them; no abort removes them, since their job cannot be told apart.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
+import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -43,6 +65,44 @@ class WriterContext:
     task_attempt: int
 
 
+_DEFAULT_JOB_ID = re.compile(r"[0-9a-f]{32}\Z")
+
+
+def job_tag(job_id: str) -> str:
+    """How transaction ids and part names name job ``job_id``: 32 characters, no ``-``.
+
+    The job id itself when it is a default one (32 lowercase hex digits, ``uuid4().hex``), else
+    ``h`` and the first 31 hex digits of its SHA-256: the two forms never meet (only hashes hold
+    an ``h``), names stay safe in file names and SQL, and they never match the tags of at most
+    8 characters (``job_id[:8]``) that parts written before this had.
+    """
+    if _DEFAULT_JOB_ID.match(job_id):
+        return job_id
+    return "h" + hashlib.sha256(job_id.encode()).hexdigest()[:31]
+
+
+def transaction_id(ctx: WriterContext, seq: int) -> str:
+    """The id of the ``seq``-th transaction that ``ctx``'s subtask begins in its epoch."""
+    tag = job_tag(ctx.job_id)
+    return f"{ctx.uid}-{ctx.subtask}-{tag}-a{ctx.attempt}-e{ctx.epoch}-{seq}"
+
+
+def written_by(job_id: str, uid: str, part: str, before_attempt: int | None = None) -> bool:
+    """Whether job ``job_id`` wrote ``part`` (``<transaction id>.e<epoch>-t<task attempt>``,
+    a file part's name without its ``.`` and ``.inprogress``) for sink ``uid`` — in an attempt
+    before ``before_attempt`` when given."""
+    match = _part_pattern(job_id, uid).fullmatch(part)
+    if match is None:
+        return False
+    return before_attempt is None or int(match["attempt"]) < before_attempt
+
+
+@functools.lru_cache(maxsize=64)
+def _part_pattern(job_id: str, uid: str) -> re.Pattern[str]:
+    attempt = r"-a(?P<attempt>\d+)"
+    return re.compile(rf"{re.escape(uid)}-\d+-{job_tag(job_id)}{attempt}-e\d+-\d+\.e\d+-t\d+")
+
+
 class SinkWriter(abc.ABC):
     """The task-side half of a sink, for one subtask during one epoch."""
 
@@ -62,6 +122,11 @@ class SinkWriter(abc.ABC):
 class TwoPhaseCommitSink(abc.ABC):
     """A transactional sink: begin, pre-commit (task side), commit and abort (driver side)."""
 
+    # How the sink protects its target against replays, for the job's end-to-end guarantee
+    # (``sparkpoint.guarantees``): "two_phase_commit", "idempotent", "write_ahead_log" or
+    # "none". A subclass that writes other than through this class's transactions says so.
+    delivery: ClassVar[str] = "two_phase_commit"
+
     @abc.abstractmethod
     def writer(self, ctx: WriterContext, open_txn: OpenTransaction | None) -> SinkWriter:
         """A writer for one subtask and epoch, continuing ``open_txn`` when given."""
@@ -71,8 +136,12 @@ class TwoPhaseCommitSink(abc.ABC):
         """Make a pre-committed transaction visible. Idempotent. Returns parts committed now."""
 
     @abc.abstractmethod
-    def abort_uncommitted(self, uid: str, keep: set[str]) -> int:
-        """Delete every uncommitted part of sink ``uid`` not in ``keep``; returns how many."""
+    def abort_uncommitted(
+        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+    ) -> int:
+        """Delete every uncommitted part that job ``job_id`` wrote for sink ``uid`` (in an
+        attempt before ``before_attempt`` when given), but those in ``keep``; another job's
+        parts stay (see the module docstring). Returns how many."""
 
 
 def _json_text(value: Any) -> str:
@@ -126,10 +195,8 @@ class _FileSinkWriter(SinkWriter):
         self._part: str | None = None
 
     def _begin(self) -> OpenTransaction:
-        c = self._ctx
         self._seq += 1
-        txn_id = f"{c.uid}-{c.subtask}-{c.job_id[:8]}-a{c.attempt}-e{c.epoch}-{self._seq}"
-        return OpenTransaction(transaction_id=txn_id)
+        return OpenTransaction(transaction_id=transaction_id(self._ctx, self._seq))
 
     def write(self, batch: Batch) -> None:
         if not len(batch):
@@ -177,7 +244,18 @@ class FileSink(TwoPhaseCommitSink):
     each to ``part-<txn>.e<epoch>-t<task attempt>.jsonl`` with an atomic ``os.replace``, so a
     reader sees a transaction's lines only once it committed. Committed output is every file
     whose name does not start with ``.`` or ``_``.
+
+    An output on an object store (``s3://``..., no rename) builds an
+    :class:`~sparkpoint.connectors.object_store.ObjectStoreFileSink`, which commits by manifest.
     """
+
+    def __new__(cls, directory: str = "", *args: Any, **kwargs: Any) -> FileSink:
+        if cls is FileSink and "://" in str(directory):
+            from sparkpoint.connectors import object_store
+
+            if object_store.is_object_store_url(directory):
+                return super().__new__(object_store.ObjectStoreFileSink)
+        return super().__new__(cls)
 
     def __init__(self, directory: str, formatter: Any = format_json_lines) -> None:
         if not directory:
@@ -201,21 +279,27 @@ class FileSink(TwoPhaseCommitSink):
             self._check_part(uid, part)
             src = os.path.join(self.directory, part)
             dst = os.path.join(self.directory, self.committed_name(part))
-            if os.path.exists(src):
+            try:
                 os.replace(src, dst)
                 committed += 1
-            elif not os.path.exists(dst):
-                raise CheckpointError(
-                    f"cannot commit transaction {transaction.transaction_id} of sink {uid}: "
-                    f"part {src} is missing and was never committed"
-                )
+            except FileNotFoundError as err:
+                # Committed before, or meanwhile by another job restored from the same checkpoint.
+                if not os.path.exists(dst):
+                    raise CheckpointError(
+                        f"cannot commit transaction {transaction.transaction_id} of sink {uid}: "
+                        f"part {src} is missing and was never committed"
+                    ) from err
         return committed
 
-    def abort_uncommitted(self, uid: str, keep: set[str]) -> int:
+    def abort_uncommitted(
+        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+    ) -> int:
         removed = 0
-        prefix = f".{uid}-"
         for name in os.listdir(self.directory):
-            if name.startswith(prefix) and name.endswith(".inprogress") and name not in keep:
+            hidden = name.startswith(".") and name.endswith(".inprogress")
+            core = name[1:].removesuffix(".inprogress")
+            mine = written_by(job_id, uid, core, before_attempt)
+            if hidden and mine and name not in keep:
                 os.remove(os.path.join(self.directory, name))
                 removed += 1
         return removed

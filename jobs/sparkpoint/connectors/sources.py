@@ -12,6 +12,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -21,6 +22,11 @@ from sparkpoint.records import Batch, DictColumn
 
 class Source(abc.ABC):
     """A bounded or unbounded source made of splits read by offset ranges."""
+
+    # Whether the source can be read again from a checkpointed position (a replay after a
+    # restore yields the same records); a source that cannot sets it False, and a job that
+    # reads it is at-most-once end to end (``sparkpoint.guarantees``).
+    resettable: ClassVar[bool] = True
 
     @abc.abstractmethod
     def split_ids(self) -> list[str]:
@@ -37,6 +43,14 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def read(self, split: int, start: int, end: int) -> Batch:
         """Records ``[start, end)`` of split ``split``; the same every time it is asked."""
+
+    def notify_checkpoint_complete(  # noqa: B027 - optional hook
+        self, checkpoint_id: int, positions: dict[str, int]
+    ) -> None:
+        """Checkpoint ``checkpoint_id`` completed and its sinks committed; ``positions`` are
+        its offsets per split id (Flink's ``notifyCheckpointComplete``). A source that tells
+        its system what was consumed (acknowledges, commits offsets) does it here and never
+        earlier; the driver calls it, the default does nothing."""
 
 
 def _mix64(values: np.ndarray) -> np.ndarray:

@@ -4,7 +4,8 @@ Tasks stage rows in ``<table>__sparkpoint_staged``, tagged with the sink uid, tr
 part (transaction, epoch and task attempt, as the file sink's parts: execution contract 2) and
 sequence number. The driver commits a transaction in ONE database transaction: move the rows of
 its listed parts into the target table, delete them from staging, log it in
-``<table>__sparkpoint_commits`` (a second commit is then a no-op). Tested on SQLite and
+``<table>__sparkpoint_commits`` (a second commit is then a no-op). An abort deletes only the
+staged rows of its own job (:mod:`~sparkpoint.connectors.sinks`). Tested on SQLite and
 PostgreSQL. The sink is pickled to executors: it holds plain values; each process opens its own
 engine on first use.
 """
@@ -29,6 +30,8 @@ from sparkpoint.connectors.sinks import (
     SinkWriter,
     TwoPhaseCommitSink,
     WriterContext,
+    transaction_id,
+    written_by,
 )
 from sparkpoint.errors import CheckpointError, ConfigurationError, SparkpointError
 from sparkpoint.protocol import SinkTransactionModel
@@ -239,8 +242,10 @@ class SqlSink(TwoPhaseCommitSink):
                 # Step 5
                 log_row["committed_at"] = datetime.now(timezone.utc)
                 conn.execute(sa.insert(commits).values(**log_row))
-        except sa.exc.IntegrityError:
-            # The commit log's key: another process committed this transaction meanwhile.
+        except (sa.exc.IntegrityError, CheckpointError):
+            # The commit log's key, or rows gone between steps 1 and 2 (PostgreSQL reads what
+            # committed before each statement): another process committed it meanwhile, e.g.
+            # the job that wrote it while a job restored from its checkpoint commits it again.
             with self._transaction(f"check transaction {txn_id} of sink {uid}") as conn:
                 if conn.execute(logged).first() is not None:
                     return 0
@@ -271,13 +276,20 @@ class SqlSink(TwoPhaseCommitSink):
                 f"{txn.records} (parts {', '.join(txn.parts)})"
             )
 
-    def abort_uncommitted(self, uid: str, keep: set[str]) -> int:
-        """Delete the staged rows of sink ``uid`` whose part is not in ``keep``; parts removed."""
+    def abort_uncommitted(
+        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+    ) -> int:
+        """Delete the staged rows that job ``job_id`` wrote for sink ``uid`` (in an attempt
+        before ``before_attempt`` when given) whose part is not in ``keep``; another job's rows
+        stay. Returns the parts removed."""
         staged = self.tables().staged
         mine = staged.c._sp_sink_uid == uid
-        with self._transaction(f"abort uncommitted parts of sink {uid}") as conn:
+        what = f"abort the uncommitted parts of job {job_id} in sink {uid}"
+        with self._transaction(what) as conn:
             found = conn.execute(sa.select(staged.c._sp_part).where(mine).distinct()).scalars()
-            drop = sorted(set(found) - keep)
+            drop = sorted(
+                p for p in set(found) - keep if written_by(job_id, uid, p, before_attempt)
+            )
             for i in range(0, len(drop), _IN_CHUNK):
                 chunk = staged.c._sp_part.in_(drop[i : i + _IN_CHUNK])
                 conn.execute(sa.delete(staged).where(mine & chunk))
@@ -295,10 +307,8 @@ class _SqlSinkWriter(SinkWriter):
         self._part_rows = 0  # rows staged or buffered in the current part
 
     def _begin(self) -> OpenTransaction:
-        c = self._ctx
         self._seq += 1
-        txn_id = f"{c.uid}-{c.subtask}-{c.job_id[:8]}-a{c.attempt}-e{c.epoch}-{self._seq}"
-        return OpenTransaction(transaction_id=txn_id)
+        return OpenTransaction(transaction_id=transaction_id(self._ctx, self._seq))
 
     @property
     def _part(self) -> str:

@@ -12,6 +12,7 @@ and a restart strategy. The control plane's stand-in is
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import signal
 import time
@@ -20,28 +21,55 @@ from typing import Any
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.coordinator import CheckpointCoordinator
-from sparkpoint.checkpointing.pending import CompletedCheckpoint, FailedCheckpoint
+from sparkpoint.checkpointing.pending import (
+    CheckpointFailureReason,
+    CompletedCheckpoint,
+    FailedCheckpoint,
+    FailoverDecision,
+)
 from sparkpoint.checkpointing.restart import RestartStrategy
+from sparkpoint.checkpointing.savepoints import write_savepoint
 from sparkpoint.checkpointing.storage import CheckpointStorage
-from sparkpoint.errors import InjectedFailure, SparkpointError
+from sparkpoint.errors import CorruptSnapshotError, InjectedFailure, SparkpointError
+from sparkpoint.guarantees import Guarantee, end_to_end
 from sparkpoint.options import JobOptions
+from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     check_restore_point,
     checkpoint_metadata,
+    newest_restorable,
     restore_point_from_metadata,
     storage_for_checkpoint_path,
+    verify_restore_point,
 )
 from sparkpoint.runtime.spark import EpochFailedError
+
+log = logging.getLogger(__name__)
 
 
 class JobFailedError(SparkpointError):
     """The job failed and its restart strategy allows no more restarts."""
 
 
+class JobCanceledError(SparkpointError):
+    """A signal (SIGTERM, SIGINT) canceled the job: it stopped at an epoch boundary."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 class Authority(abc.ABC):
-    """Drives a job: which barrier each epoch carries, completions, failovers, its end."""
+    """Drives a job: which barrier each epoch carries, completions, failovers, its end.
+
+    A cancel (the driver got SIGTERM or SIGINT) arrives through :meth:`request_cancel`, from a
+    signal handler: an authority checks :attr:`cancel_requested` between epochs (and while it
+    waits to restart) and then ends the job CANCELED without starting another epoch.
+    """
+
+    _cancel_requested = False
 
     @abc.abstractmethod
     def prepare(self) -> None:
@@ -58,6 +86,21 @@ class Authority(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def request_cancel(self) -> None:
+        """Ask the job to stop at the next epoch boundary (safe inside a signal handler)."""
+        self._cancel_requested = True
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether :meth:`request_cancel` was called."""
+        return self._cancel_requested
+
+    def wait_unless_canceled(self, delay_ms: float) -> None:
+        """Sleep ``delay_ms`` (a restart delay), returning early once a cancel is requested."""
+        deadline = time.monotonic() + delay_ms / 1000
+        while not self._cancel_requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+
 
 def config_summary(options: JobOptions, restart: RestartStrategy) -> dict[str, Any]:
     """The configuration a job registers with (``job_registered``)."""
@@ -73,6 +116,7 @@ def config_summary(options: JobOptions, restart: RestartStrategy) -> dict[str, A
         "checkpoint_storage": options.checkpoint_storage,
         "checkpoint_dir": options.checkpoint_dir,
         "state_backend": options.state_backend,
+        "incremental": options.incremental,
         "max_parallelism": options.max_parallelism,
         "restart_strategy": restart.to_config(),
     }
@@ -85,13 +129,24 @@ def registration(
     incarnation: str | None = None,
     extra_config: dict[str, Any] | None = None,
 ) -> p.JobRegistered:
-    """The ``job_registered`` event of a job (graph, configuration, restart strategy)."""
+    """The ``job_registered`` event of a job (graph, configuration, restart strategy, and the
+    end-to-end guarantee its sources and sinks give)."""
+    guarantee = job_guarantee(job)
     return p.JobRegistered(
         job_name=job.graph.name,
         vertices=job.graph.vertices(),
         edges=job.graph.edges(),
         config={**config_summary(job.options, restart), **(extra_config or {})},
         incarnation=incarnation,
+        guarantee=p.GuaranteeModel(level=guarantee.level, reason=guarantee.reason),
+    )
+
+
+def job_guarantee(job: JobExecution) -> Guarantee:
+    """The end-to-end guarantee of ``job``: its graph's sources and sinks in its mode."""
+    graph = job.graph
+    return end_to_end(
+        graph.source_connectors(), graph.sink_connectors(), job.options.checkpoint.mode
     )
 
 
@@ -111,6 +166,7 @@ class InProcessAuthority(Authority):
         self.coordinator = CheckpointCoordinator(
             job.job_id, job.graph.tasks(), job.options.checkpoint, job.clock
         )
+        self._stopping = False  # a signal asked for a stop with savepoint
         self.initial_point: RestorePoint | None = None  # --from-checkpoint, the fallback
         self.initial_storage: CheckpointStorage | None = None
         self.finished = False
@@ -119,48 +175,117 @@ class InProcessAuthority(Authority):
         """Read ``--from-checkpoint`` before Spark starts, so that a wrong path fails at once."""
         if self.options.from_checkpoint:
             point = restore_point_from_metadata(self.storage, self.options.from_checkpoint)
-            check_restore_point(point, self.job.graph)
-            self.initial_point = point
+            self.initial_point = check_restore_point(
+                point,
+                self.job.graph,
+                allow_non_restored_state=self.options.allow_non_restored_state,
+            )
 
     def run(self, runner: EpochRunner) -> None:
-        """Steps: (1) register, (2) remove checkpoints without ``_metadata``, (3) restore
-        ``--from-checkpoint``, (4) epochs until the final checkpoint committed, (5) FINISHED."""
+        """Steps: (1) register, (2) remove checkpoints without ``_metadata``, (3) continue the
+        ids and attempts found in checkpoint storage and restore ``--from-checkpoint``, (4)
+        epochs until the final checkpoint committed or a cancel, (5) FINISHED or CANCELED."""
         job = self.job
         job.attempt = self.coordinator.attempt
         # Step 1
         job.publish(registration(job, self.restart))
+        # A guarantee weaker than exactly-once is a warning: shown on stderr without logging set up.
+        guarantee = job_guarantee(job)
+        weak = guarantee.level != "exactly_once"
+        log.log(
+            logging.WARNING if weak else logging.INFO,
+            "job %s: end-to-end %s",
+            job.job_id,
+            guarantee.describe(),
+        )
         # Step 2
-        for cid in self.storage.cleanup_incomplete(job.job_id):
+        removed = self.storage.cleanup_incomplete(job.job_id)
+        for cid in removed:
             job.publish(p.CheckpointAborted(checkpoint_id=cid, reason="no _metadata: removed"))
-        # Step 3
+        # Step 3: ids and attempts only increase, also past what an earlier driver of this job
+        # left in storage (restoring chk-3 while chk-10 exists must not write chk-4 again, nor
+        # reuse an attempt that names committed sink parts).
         point = self.initial_point
-        if point is not None and self.options.from_checkpoint:
-            self.initial_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
+        last_id, last_attempt = self._last_in_storage(removed)
+        if point is not None:
+            last_id = max(last_id, point.checkpoint_id)
+            last_attempt = max(last_attempt, point.attempt)
+        if last_id > 0 or last_attempt > 0:
             self.coordinator = CheckpointCoordinator(
                 job.job_id,
                 job.graph.tasks(),
                 self.options.checkpoint,
                 job.clock,
-                attempt=point.attempt + 1,
-                next_checkpoint_id=point.checkpoint_id + 1,
+                attempt=last_attempt + 1,
+                next_checkpoint_id=last_id + 1,
             )
             job.attempt = self.coordinator.attempt
+        if point is not None and self.options.from_checkpoint:
+            self.initial_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
             job.restore(point, self.initial_storage)
         job.set_status(p.JobStatus.RUNNING)
         job.planner.start()
         # Step 4
-        while not self.finished:
+        while not self.finished and not self.cancel_requested:
             self._run_one_epoch(runner)
+        if not self.finished and self.options.savepoint_on_finish:
+            self._stop_with_savepoint(runner)
         # Step 5
-        job.set_status(p.JobStatus.FINISHED)
+        if self.finished:
+            job.set_status(p.JobStatus.FINISHED)
+        else:
+            self._cancel()
+
+    def _last_in_storage(self, removed: list[int]) -> tuple[int, int]:
+        """The highest checkpoint id in the job's own storage (``removed``: incomplete ones
+        just removed) and the attempt of its latest completed checkpoint (0: none)."""
+        job_id = self.job.job_id
+        completed = self.storage.completed_checkpoint_ids(job_id)
+        last_id = max([0, *completed, *removed])
+        if not completed:
+            return last_id, 0
+        try:
+            meta = self.storage.read_checkpoint_metadata(job_id, completed[-1])
+            return last_id, int(meta.get("attempt", 0))
+        except (OSError, SparkpointError, ValueError, TypeError) as err:
+            raise CorruptSnapshotError(
+                f"job {job_id}: cannot read the attempt of checkpoint {completed[-1]}: {err}"
+            ) from err
+
+    def _stop_with_savepoint(self, runner: EpochRunner) -> None:
+        """A signal asked a job with ``--savepoint-on-finish`` to stop: as Flink's ``stop``,
+        the next epoch ends with a final savepoint, then the job is FINISHED (its sources are
+        not drained: event time does not end). A second signal cancels."""
+        log.info("job %s: stopping with a savepoint (a second signal cancels)", self.job.job_id)
+        self._stopping = True
+        self._cancel_requested = False
+        while not self.finished and not self.cancel_requested:
+            self._run_one_epoch(runner)
+
+    def _cancel(self) -> None:
+        """Steps: (1) CANCELLING, (2) abort pending checkpoints (their ``chk-*`` directories
+        go), (3) CANCELED. Transactions since the last completed checkpoint stay uncommitted:
+        a restore aborts them."""
+        # Step 1
+        self.job.set_status(p.JobStatus.CANCELLING, "canceled by a signal")
+        # Step 2
+        self._handle_failed(
+            self.coordinator.abort_all(
+                CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN, "the job was canceled"
+            )
+        )
+        # Step 3
+        self.job.set_status(p.JobStatus.CANCELED, "canceled by a signal")
 
     def _run_one_epoch(self, runner: EpochRunner) -> None:
         job, coordinator = self.job, self.coordinator
         self._handle_failed(coordinator.expire_overdue())
         ranges = job.planner.next_ranges()
         barrier = None
-        if job.planner.will_exhaust(ranges):
-            pending = coordinator.trigger(is_final=True)
+        if job.planner.will_exhaust(ranges) or self._stopping:
+            target = self.options.savepoint_on_finish
+            kind = CheckpointKind.SAVEPOINT if target else CheckpointKind.CHECKPOINT
+            pending = coordinator.trigger(kind, is_final=True, target_directory=target)
             ranges = job.planner.with_barrier(ranges, at_end=True)
         elif coordinator.periodic_due():
             pending = coordinator.trigger(periodic=True)
@@ -213,11 +338,15 @@ class InProcessAuthority(Authority):
     def _complete(self, cp: CompletedCheckpoint) -> None:
         """Completion order of DESIGN §1."""
         job = self.job
-        # Step 1: _metadata to checkpoint storage (enough to restore from the path alone).
+        # Step 1: _metadata to checkpoint storage (enough to restore from the path alone); a
+        # savepoint (--savepoint-on-finish) is copied into its own directory instead.
         try:
-            cp.external_path = self.storage.write_metadata(
-                job.job_id, cp.checkpoint_id, checkpoint_metadata(job.job_id, cp)
-            )
+            if cp.is_savepoint and self.options.savepoint_on_finish:
+                self._write_savepoint(cp, self.options.savepoint_on_finish)
+            else:
+                cp.external_path = self.storage.write_metadata(
+                    job.job_id, cp.checkpoint_id, checkpoint_metadata(job.job_id, cp)
+                )
         except (OSError, SparkpointError) as err:
             failed = self.coordinator.finalize_failed(
                 cp.checkpoint_id, f"writing _metadata failed: {err}"
@@ -261,6 +390,14 @@ class InProcessAuthority(Authority):
         if cp.is_final:
             self.finished = True
 
+    def _write_savepoint(self, cp: CompletedCheckpoint, target: str) -> None:
+        """Copy a completed savepoint into ``target`` (its handles then point at the copy,
+        so that a restore before the job ends reads it) and drop its checkpoint directory."""
+        job_id = self.job.job_id
+        cp.external_path, cp.acks = write_savepoint(job_id, cp, dict(cp.acks), self.storage, target)
+        self.storage.discard(job_id, cp.checkpoint_id)
+        log.info("job %s: savepoint %d written to %s", job_id, cp.checkpoint_id, cp.external_path)
+
     def _handle_failed(self, failed: list[FailedCheckpoint]) -> None:
         for f in failed:
             self.storage.discard(self.job.job_id, f.checkpoint_id)
@@ -281,16 +418,51 @@ class InProcessAuthority(Authority):
             job.set_status(p.JobStatus.FAILING, cause)
             raise JobFailedError(f"job {job.job_id} failed: {cause} ({decision.message})")
         job.set_status(p.JobStatus.RESTARTING, cause)
-        if decision.delay_ms > 0:
-            time.sleep(decision.delay_ms / 1000)
-        # Step 3
-        failover = self.coordinator.failover(cause)
+        self.wait_unless_canceled(decision.delay_ms)
+        if self.cancel_requested:
+            return  # run() cancels; a later restore starts from the latest checkpoint anyway
+        # Step 3: the latest completed checkpoint whose state files verify.
+        failover, note = self._failover(cause)
         job.attempt = failover.attempt
         self._handle_failed(failover.aborted)
-        # Step 4: the latest completed checkpoint, else the one the job started from.
+        # Step 4: that checkpoint, else the one the job started from.
         cp = failover.restore_from
         if cp is not None:
             job.restore(RestorePoint.of(cp), None)
         else:
             job.restore(self.initial_point, self.initial_storage)
-        job.set_status(p.JobStatus.RUNNING)
+        job.set_status(p.JobStatus.RUNNING, note)
+
+    def _failover(self, cause: str) -> tuple[FailoverDecision, str | None]:
+        """The coordinator's failover to its latest checkpoint, or, when that one's state
+        files are corrupt or missing, to the newest that verifies (and a note saying which
+        were skipped and why: the job's RUNNING cause and a log line).
+
+        Raises:
+            JobFailedError: no retained checkpoint verifies (restoring the beginning instead
+                would produce the output they committed again), or none is retained and the
+                ``--from-checkpoint`` one does not verify.
+        """
+        chosen, skipped = newest_restorable(self.coordinator.store.all(), self.storage)
+        if not skipped and chosen is None and self.initial_point is not None:
+            try:  # no checkpoint yet: the one the job started from, if it can be restored
+                verify_restore_point(self.initial_point, self.initial_storage or self.storage)
+            except CorruptSnapshotError as err:
+                skipped.append(str(err))
+        if not skipped:
+            return self.coordinator.failover(cause), None
+        for why in skipped:
+            log.warning("job %s: %s", self.job.job_id, why)
+        if chosen is None:
+            self.job.set_status(p.JobStatus.FAILING, cause)
+            raise JobFailedError(
+                f"job {self.job.job_id} failed: {cause}; no checkpoint can be restored: "
+                f"{'; '.join(skipped)}"
+            )
+        note = (
+            f"restored {chosen.kind.value} {chosen.checkpoint_id} instead of the latest: "
+            f"{'; '.join(skipped)} (output committed since {chosen.checkpoint_id} is produced "
+            "again)"
+        )
+        log.warning("job %s: %s", self.job.job_id, note)
+        return self.coordinator.restore_from(chosen, cause), note

@@ -15,7 +15,7 @@ import os
 import signal
 import uuid
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -33,6 +33,12 @@ from sparkpoint.options import JobOptions
 from sparkpoint.runtime.authority import Authority, JobFailedError, registration
 from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.heartbeats import (
+    HEARTBEAT_INTERVAL_MS,
+    DriverHeartbeats,
+    heartbeat_interval_ms,
+    previous_failure,
+)
 from sparkpoint.runtime.plan import SplitRange
 from sparkpoint.runtime.recovery import (
     RestorePoint,
@@ -40,6 +46,8 @@ from sparkpoint.runtime.recovery import (
     restore_point_from_metadata,
     storage_for_checkpoint_path,
 )
+from sparkpoint.runtime.spark import SparkLostError
+from sparkpoint.signing import CommandVerifier, Signer, driver_job_key
 from sparkpoint.transport import (
     CommandChannel,
     ReceivedMessage,
@@ -52,6 +60,34 @@ from sparkpoint.transport import (
 WAIT_MS = 100
 #: How long one read blocks while the driver waits for its first ``restore``.
 FIRST_ANSWER_POLL_MS = 1000
+
+
+#: While a connected job waits for the control plane's first answer, it says so this often.
+WAITING_EVERY_MS = 5_000
+
+
+class _Waiting:
+    """Tells the user, at once and then every :data:`WAITING_EVERY_MS`, that the job waits
+    for its control plane (and on which stream), until the first answer came."""
+
+    def __init__(self, job: JobExecution, stream: str, timeout_ms: int) -> None:
+        self.job, self.stream, self.timeout_ms = job, stream, timeout_ms
+        self.started = job.clock.monotonic_ms()
+        self.next_at = self.started
+
+    def say(self) -> None:
+        now = self.job.clock.monotonic_ms()
+        if self.job.console is None or now < self.next_at:
+            return
+        self.next_at = now + WAITING_EVERY_MS
+        waited = (now - self.started) / 1000
+        hint = "" if waited < 1 else "; is `sparkpoint server` running on this Redis?"
+        self.job.console.line(
+            "waiting_for_control_plane",
+            f"waiting for the control plane's answer on {self.stream} ({waited:.0f} s of "
+            f"{self.timeout_ms / 1000:g} s{hint})",
+            level="info" if waited < 1 else "warning",
+        )
 
 
 class ControlPlaneTimeoutError(SparkpointError):
@@ -67,28 +103,50 @@ class ControlPlaneLink:
     events: RedisEventSink
     channel: CommandChannel
     incarnation: str  # a nonce of this driver process; names its consumer too
+    heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
+    previous_failure: str | None = None  # why the previous driver process ended
+    heartbeats: DriverHeartbeats | None = field(default=None, compare=False)
 
     @classmethod
     def connect(cls, options: JobOptions) -> ControlPlaneLink:
-        """The link of a job's options (``--redis-url``, ``--stream-prefix``).
+        """The link of a job's options (``--redis-url``, ``--stream-prefix``), signing its
+        events and checking its commands with the job's key (:mod:`sparkpoint.signing`): the
+        main thread's events and the heartbeats are two senders, each numbered in order.
 
         Raises:
-            ConfigurationError: no Redis URL, or a malformed one.
+            ConfigurationError: no Redis URL, or a malformed one; no job key.
         """
         if not options.redis_url:
             raise ConfigurationError(
                 f"job {options.job_id} runs connected to a control plane but has no Redis URL: "
                 "start `sparkpoint server`, set REDIS_URL or --redis-url, or use --standalone"
             )
+        interval_ms = heartbeat_interval_ms(options.job_id, os.environ)
+        key = driver_job_key(options.job_id, os.environ)
         client = redis_client(options.redis_url)
         streams = Streams(options.stream_prefix)
         incarnation = uuid.uuid4().hex
         return cls(
             client=client,
             streams=streams,
-            events=RedisEventSink(client, streams),
-            channel=CommandChannel(client, options.job_id, incarnation, streams),
+            events=RedisEventSink(client, streams, signer=Signer(lambda _: key, incarnation)),
+            channel=CommandChannel(
+                client, options.job_id, incarnation, streams, verifier=CommandVerifier(key)
+            ),
             incarnation=incarnation,
+            heartbeat_interval_ms=interval_ms,
+            previous_failure=previous_failure(os.environ),
+            heartbeats=DriverHeartbeats(
+                RedisEventSink(
+                    client,
+                    streams,
+                    retry_for_s=0,
+                    signer=Signer(lambda _: key, f"hb-{incarnation}"),
+                ),
+                options.job_id,
+                incarnation,
+                interval_ms,
+            ),
         )
 
 
@@ -131,18 +189,29 @@ class ControlPlaneAuthority(Authority):
             channel.open()
             # Step 2
             job.attempt = 0
+            link = self.link
+            announce = link.heartbeats is not None
             job.publish(
                 registration(
                     job,
                     self.restart,
-                    incarnation=self.link.incarnation,
+                    incarnation=link.incarnation,
                     extra_config={"from_checkpoint": job.options.from_checkpoint},
+                ).model_copy(
+                    update={
+                        "heartbeat_interval_ms": link.heartbeat_interval_ms if announce else None,
+                        "previous_failure": link.previous_failure,
+                    }
                 )
             )
             self._registered = True
+            if link.heartbeats is not None:  # from now on, for the life of this process
+                link.heartbeats.start(lambda: job.attempt, job.clock)
             # Step 3
             deadline = job.clock.monotonic_ms() + self.timeout_ms
-            while not self._started and self._end is None:
+            waiting = _Waiting(job, channel.stream, self.timeout_ms)
+            while not self._started and not self._cancel_if_requested():
+                waiting.say()
                 left = deadline - job.clock.monotonic_ms()
                 if left <= 0:
                     raise ControlPlaneTimeoutError(
@@ -170,7 +239,7 @@ class ControlPlaneAuthority(Authority):
         try:
             while True:
                 self._obey(channel.read())
-                if self._end is not None:
+                if self._cancel_if_requested():
                     self._finish()
                     return
                 epoch = self._next_epoch()
@@ -187,14 +256,25 @@ class ControlPlaneAuthority(Authority):
                     self._fail(outcome.epoch, outcome.failure)
                 elif queued is not None:
                     self._checkpoints.carried(queued)
-        except JobFailedError:
-            raise
+        except (JobFailedError, SparkLostError):
+            raise  # lost Spark: the supervisor's next driver reports it (or the heartbeats stop)
         except SparkpointError as err:
             self._report_failed(err)
             raise
 
     def close(self) -> None:
+        if self.link.heartbeats is not None:
+            self.link.heartbeats.stop()
         self.link.client.close()
+
+    def _cancel_if_requested(self) -> bool:
+        """Whether the job is to end; a cancel a signal requested (:meth:`request_cancel`)
+        ends it as CANCELED (reported CANCELLING now, CANCELED by :meth:`_finish`), at this
+        epoch boundary. The control plane aborts what is pending and does not restart it."""
+        if self.cancel_requested and self._end is None:
+            self.job.set_status(p.JobStatus.CANCELLING, "canceled by a signal")
+            self._end = (p.JobStatus.CANCELED, "canceled by a signal")
+        return self._end is not None
 
     def _finish(self) -> None:
         assert self._end is not None
@@ -295,6 +375,8 @@ class ControlPlaneAuthority(Authority):
         completion = self._checkpoints.complete(checkpoint_id)
         if completion is None:
             return  # a duplicate, or not this attempt's
+        if job.console is not None:  # the control plane decided it: no event of ours says so
+            job.console.checkpoint_completed(checkpoint_id, "checkpoint", None, None)
         if job.options.crash_after_checkpoint == checkpoint_id:
             os.kill(os.getpid(), signal.SIGKILL)  # testing hook: a driver crash, for real
         try:
@@ -383,5 +465,7 @@ class ControlPlaneAuthority(Authority):
             )
         else:
             return None, None
-        check_restore_point(point, job.graph)
+        point = check_restore_point(
+            point, job.graph, allow_non_restored_state=job.options.allow_non_restored_state
+        )
         return point, storage

@@ -7,35 +7,64 @@ restart strategy). Otherwise the control plane is the authority
 the driver talks to it through Redis streams. Either way
 :class:`~sparkpoint.runtime.execution.JobExecution` does the job's side: epochs on Spark,
 accepting them, committing sinks and restoring checkpoints.
+
+How a driver ends: it returns (FINISHED), or raises :class:`JobFailedError` (failed for good),
+:class:`JobCanceledError` (SIGTERM or SIGINT: it stopped at an epoch boundary, CANCELED), or
+:class:`~sparkpoint.runtime.spark.SparkLostError` (its Spark JVM or SparkContext is gone: the
+process must end, and ``sparkpoint run`` starts a new driver under the restart strategy).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint import protocol as p
-from sparkpoint.checkpointing.restart import restart_strategy_from_config
+from sparkpoint.checkpointing.restart import RestartStrategy, restart_strategy_from_config
 from sparkpoint.checkpointing.storage import (
     CheckpointStorage,
     FileSystemCheckpointStorage,
     checkpoint_storage_from_options,
 )
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.console import Console, ConsoleEventSink
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.events import EventSink, FanOutEventSink, InMemoryEventSink, JsonLinesEventSink
 from sparkpoint.graph import JobGraph
-from sparkpoint.options import JobOptions
-from sparkpoint.runtime.authority import Authority, InProcessAuthority, JobFailedError
+from sparkpoint.options import JobOptions, check_state_options
+from sparkpoint.runtime.authority import (
+    Authority,
+    InProcessAuthority,
+    JobCanceledError,
+    JobFailedError,
+)
 from sparkpoint.runtime.connected import ControlPlaneAuthority, ControlPlaneLink
 from sparkpoint.runtime.execution import JobExecution
 from sparkpoint.runtime.plan import FailureInjection
-from sparkpoint.runtime.planner import EpochPlanner
-from sparkpoint.runtime.spark import SparkEpochRunner, spark_session
+from sparkpoint.runtime.planner import EpochPlanner, planned_source
+from sparkpoint.runtime.spark import (
+    SparkEpochRunner,
+    SparkLostError,
+    WarmUpFailedError,
+    spark_session,
+)
 
-__all__ = ["JobDriver", "JobFailedError", "JobResult", "durable_working_state"]
+__all__ = [
+    "JobCanceledError",
+    "JobDriver",
+    "JobFailedError",
+    "JobResult",
+    "durable_working_state",
+    "job_restart_strategy",
+]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,12 +97,21 @@ class JobDriver:
         events: EventSink | None = None,
         failure: FailureInjection | None = None,
     ) -> None:
+        check_state_options(options)
         self.graph = graph
         self.options = options
         self.clock = clock or SystemClock()
         self.job_id = options.job_id
         self.memory = InMemoryEventSink(max_events=options.max_events_in_memory)
-        sinks: list[EventSink] = [self.memory]
+        self.console = Console(
+            options.job_id,
+            log_format=options.log_format,
+            quiet=options.quiet,
+            every=options.log_every,
+        )
+        self.spark_log = os.path.join(options.local_dir, "logs", f"{options.job_id}-spark.log")
+        shown = None if spark is not None else self.spark_log  # a given session logs as it does
+        sinks: list[EventSink] = [self.memory, ConsoleEventSink(self.console, spark_log=shown)]
         if events is not None:
             sinks.append(events)
         if options.events_log:
@@ -85,12 +123,9 @@ class JobDriver:
         self.storage = checkpoint_storage_from_options(
             options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
         )
-        restart_conf: dict[str, str | int | float] = dict(options.restart_strategy)
-        self.restart = restart_strategy_from_config(
-            restart_conf, checkpointing_enabled=options.checkpoint.interval_ms > 0
-        )
+        self.restart = job_restart_strategy(options)
         planner = EpochPlanner(
-            graph.source.source,
+            planned_source(graph),
             self.clock,
             target_ms=options.epoch_target_ms,
             min_records=options.min_epoch_records,
@@ -108,6 +143,7 @@ class JobDriver:
             failure=failure,
             durable=durable_working_state(options, self.storage),
         )
+        self.job.console = self.console
         self.authority: Authority
         if link is None:
             self.authority = InProcessAuthority(self.job, self.restart, self.storage)
@@ -121,29 +157,39 @@ class JobDriver:
         """Steps: (1) prepare (standalone: read ``--from-checkpoint``; connected: register and
         obey the control plane's first ``restore``), (2) Spark session (the job's RUNNING names
         its application), (3) epochs under the authority until the job ends, (4) a finished
-        job's working state goes."""
+        job's working state goes.
+
+        SIGTERM and SIGINT (in the main thread) cancel the job at the next epoch boundary.
+
+        Raises:
+            JobFailedError: the job failed for good.
+            JobCanceledError: a signal canceled the job.
+            SparkLostError: this process's Spark is gone; a new driver process can go on.
+        """
         started = self.clock.monotonic_ms()
         job = self.job
         try:
-            # Step 1: before Spark starts, so that a wrong path or no control plane fails at once.
-            self.authority.prepare()
-            # Step 2
-            session = self._spark or spark_session(self.options.master, self.graph.name)
-            runner = SparkEpochRunner(self.graph, session)
-            job.spark = runner.application()
-            runner.warm_up()
-            # Step 3
-            self.authority.run(runner)
-            # Step 4
-            if job.status is p.JobStatus.FINISHED:
-                shutil.rmtree(os.path.join(self.options.local_dir, self.job_id), ignore_errors=True)
-                self.storage.discard_working_state(self.job_id)
-        except JobFailedError:
-            job.set_status(p.JobStatus.FAILED)
-            raise
+            with _cancel_on_signals(self.authority) as canceled_by:
+                self._run(job)
         finally:
-            self.events.close()
-            self.authority.close()
+            if job.status is not p.JobStatus.CREATED:  # else it never started: the error says why
+                over = job.status in (
+                    p.JobStatus.FINISHED,
+                    p.JobStatus.CANCELED,
+                    p.JobStatus.FAILED,
+                )
+                self.console.ended(
+                    job.status.value if over else "INTERRUPTED",
+                    job.records,
+                    (self.clock.monotonic_ms() - started) / 1000,
+                    len(job.completed),
+                    len(job.restores),
+                )
+        if job.status is p.JobStatus.CANCELED and canceled_by:
+            raise JobCanceledError(
+                f"job {self.job_id} canceled by {signal.Signals(canceled_by[0]).name}",
+                canceled_by[0],
+            )
         return JobResult(
             job_id=self.job_id,
             status=job.status,
@@ -155,6 +201,87 @@ class JobDriver:
             restores=list(job.restores),
             events=self.memory,
         )
+
+    def _run(self, job: JobExecution) -> None:
+        """The steps of :meth:`run`."""
+        try:
+            # Step 1: before Spark starts, so that a wrong path or no control plane fails at once.
+            self.storage.check_writable(self.job_id, local_dir=self.options.local_dir)
+            self.authority.prepare()
+            # Step 2
+            session = self._spark or spark_session(
+                self.options.master, self.graph.name, spark_log=self.spark_log
+            )
+            runner = SparkEpochRunner(self.graph, session)
+            job.spark = runner.application()
+            self._warm_up(runner)
+            # Step 3
+            self.authority.run(runner)
+            # Step 4
+            if job.status is p.JobStatus.FINISHED:
+                shutil.rmtree(os.path.join(self.options.local_dir, self.job_id), ignore_errors=True)
+                self.storage.discard_working_state(self.job_id)
+        except JobFailedError:
+            job.set_status(p.JobStatus.FAILED)
+            raise
+        except SparkLostError as err:
+            raise SparkLostError(err.cause, self.job_id) from err
+        finally:
+            self.events.close()
+            self.authority.close()
+
+    def _warm_up(self, runner: SparkEpochRunner) -> None:
+        """Start the Python workers. A failure (a worker killed, ...) goes through the restart
+        strategy as an epoch's would; nothing ran yet, so there is nothing to restore."""
+        while not self.authority.cancel_requested:
+            try:
+                runner.warm_up()
+                return
+            except WarmUpFailedError as err:
+                decision = self.restart.on_failure(self.clock.now_ms())
+                if not decision.restart:
+                    raise JobFailedError(
+                        f"job {self.job_id} failed: {err.cause} ({decision.message})"
+                    ) from err
+                log.warning("job %s: %s; %s", self.job_id, err, decision.message)
+                self.authority.wait_unless_canceled(decision.delay_ms)
+
+
+def job_restart_strategy(options: JobOptions) -> RestartStrategy:
+    """The job's restart strategy, as its options configure it (Flink's defaults)."""
+    conf: dict[str, str | int | float] = dict(options.restart_strategy)
+    return restart_strategy_from_config(
+        conf, checkpointing_enabled=options.checkpoint.interval_ms > 0
+    )
+
+
+@contextmanager
+def _cancel_on_signals(authority: Authority) -> Iterator[list[int]]:
+    """While the job runs, the first SIGTERM or SIGINT asks ``authority`` to cancel; the
+    yielded list receives its number. The previous handlers come back at once, so a second
+    signal acts as it did before (terminates, or KeyboardInterrupt). Only in the main thread."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    signums = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in signums}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        restore()
+        authority.request_cancel()
+
+    for s in signums:
+        signal.signal(s, on_signal)
+    try:
+        yield received
+    finally:
+        restore()
 
 
 def durable_working_state(options: JobOptions, storage: CheckpointStorage) -> bool:

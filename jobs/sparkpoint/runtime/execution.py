@@ -19,9 +19,10 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.clock import Clock
-from sparkpoint.errors import InjectedFailure
+from sparkpoint.console import Console
+from sparkpoint.errors import ConfigurationError, InjectedFailure
 from sparkpoint.events import EventSink
-from sparkpoint.graph import JobGraph
+from sparkpoint.graph import JobGraph, SinkNode
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.plan import EpochPlan, FailureInjection, SplitRange, StateInput, TaskReport
 from sparkpoint.runtime.planner import EpochPlanner
@@ -56,6 +57,11 @@ class EpochListener(Protocol):
 
     def after_epoch(self, epoch: int) -> None:
         """The heartbeat is out; the epoch is accepted unless this raises."""
+
+
+SWEEP_AFTER_RESTORE_MS = 60_000
+"""How long after a restore commits keep sweeping the parts of earlier attempts: a killed
+task's Python worker lives at most ``spark.python.task.killTimeout`` (2 s) longer."""
 
 
 @dataclass(frozen=True)
@@ -97,10 +103,14 @@ class JobExecution:
         self.status = p.JobStatus.CREATED
         self.completed: list[int] = []
         self.restores: list[int | None] = []
-        n_state = graph.keyed.parallelism if graph.keyed else graph.source.parallelism
-        self.state_inputs: tuple[StateInput, ...] = tuple(StateInput() for _ in range(n_state))
+        self.state_inputs: dict[str, tuple[StateInput, ...]] = {
+            uid: tuple(StateInput() for _ in range(n)) for uid, n in graph.stateful().items()
+        }
         self.restore_storage: CheckpointStorage | None = None  # where restored handles live
         self.spark: SparkApplication | None = None  # set once Spark is up; RUNNING reports it
+        self._restored_ms: int | None = None  # when the latest restore ran; None: swept since
+        self.console: Console | None = None  # what the user sees; the driver sets it
+        self.executors: list[p.ExecutorModel] | None = None  # the heartbeat reports them
 
     # ------------------------------------------------------------------ events
     def publish(self, *payloads: Any) -> None:
@@ -153,12 +163,15 @@ class JobExecution:
             restore_storage=self.restore_storage,
             durable_working_state=self.durable,
             isolate_workers=self.options.isolate_workers,
+            state_backend=self.options.state_backend,
+            incremental=self.options.incremental,
         )
         started = self.clock.monotonic_ms()
         outcome = EpochOutcome(plan.epoch)
         try:
             # Step 2
             reports = runner.run(plan)
+            self.executors = _executors(runner)
             # Step 3
             self._accept(plan, reports, self.clock.monotonic_ms() - started, listener)
         except EpochFailedError as err:
@@ -187,16 +200,24 @@ class JobExecution:
             missing = sorted(expected - set(by_task))
             raise EpochFailedError(plan.epoch, f"no report from subtasks {missing}")
         # Step 1: the working-state versions written by the accepted task attempts.
-        tail_uid = self.graph.sink_vertex_uid
-        replaced = [i.durable_path for i in self.state_inputs if i.durable_path]
-        self.state_inputs = tuple(
-            StateInput(
-                version=by_task[(tail_uid, i)].state_version,
-                durable_path=by_task[(tail_uid, i)].state_durable_path,
+        previous = self.state_inputs
+        self.state_inputs = {
+            uid: tuple(
+                StateInput(
+                    version=by_task[(uid, i)].state_version,
+                    durable_path=by_task[(uid, i)].state_durable_path,
+                    backend_url=by_task[(uid, i)].state_backend_url,
+                    durable_files=by_task[(uid, i)].state_durable_files,
+                )
+                for i in range(len(inputs))
             )
-            for i in range(len(self.state_inputs))
-        )
-        self.storage.discard_working_state(self.job_id, replaced)
+            for uid, inputs in previous.items()
+        }
+        needed = {url for ins in self.state_inputs.values() for i in ins for url in i.durable_files}
+        replaced = {
+            url for ins in previous.values() for i in ins for url in i.durable_files
+        } - needed
+        self.storage.discard_working_state(self.job_id, sorted(replaced))
         # Step 2: positions, counters.
         self.planner.advance(list(plan.ranges))
         records = sum(r.records for r in plan.ranges)
@@ -204,10 +225,8 @@ class JobExecution:
         self.planner.observe(records, duration_ms)
         # Step 3: the tasks' events, then the acknowledgements and declines.
         listener.before_acks()
-        ordered = sorted(
-            by_task.values(),
-            key=lambda r: (r.operator_id != self.graph.source.uid, r.operator_id, r.subtask),
-        )
+        order = {uid: i for i, uid in enumerate(self.graph.tasks())}  # sources first
+        ordered = sorted(by_task.values(), key=lambda r: (order[r.operator_id], r.subtask))
         self.publish(*(ev for r in ordered for ev in r.events))
         for r in ordered:
             for decline in r.declines:
@@ -226,6 +245,7 @@ class JobExecution:
                 records_per_second=records / duration_ms * 1000 if duration_ms > 0 else 0.0,
                 source_lag=self.planner.lag(),
                 host_time=self.clock.now_ms(),
+                executors=self.executors,
             )
         )
         listener.after_epoch(plan.epoch)
@@ -233,12 +253,12 @@ class JobExecution:
     # ------------------------------------------------------------------ commits, restores
     def commit(self, checkpoint_id: int, acks: Iterable[p.SnapshotCompleted]) -> None:
         """Commit the sink transactions that the acknowledgements of a completed checkpoint
-        carry (``sink_committed`` each)."""
-        sink, sink_uid = self.graph.sink, self.graph.sink_uid
-        assert sink is not None and sink_uid is not None
+        carry (``sink_committed`` each), then tell each source the checkpoint's positions
+        (``notify_checkpoint_complete``: it may acknowledge what they cover)."""
+        acks = list(acks)
         for ack in acks:
             for txn in ack.sink_transactions:
-                sink.commit(sink_uid, txn)
+                self._commit_txn(ack, txn)
                 self.publish(
                     p.SinkCommitted(
                         checkpoint_id=checkpoint_id,
@@ -248,7 +268,45 @@ class JobExecution:
                         parts=len(txn.parts),
                     )
                 )
+        positions = {split: at for ack in acks for split, at in ack.source_positions.items()}
+        for vertex, own in self.graph.positions_by_source(positions):
+            vertex.source.notify_checkpoint_complete(checkpoint_id, own)
         self.committed_up_to = max(self.committed_up_to, checkpoint_id)
+        self._sweep_earlier_attempts()
+
+    def _sink_node(self, ack: p.SnapshotCompleted, txn: p.SinkTransactionModel) -> SinkNode:
+        """The sink of transaction ``txn`` in ``ack``: the one it names, else (a checkpoint
+        of a one-sink vertex) the sink chained into the acknowledging vertex."""
+        nodes = self.graph.sinks_of(ack.operator_id)
+        found = [n for n in nodes if txn.sink is None or n.uid == txn.sink]
+        if not found:
+            raise ConfigurationError(
+                f"checkpoint {ack.checkpoint_id} holds a transaction of sink "
+                f"{txn.sink or '(unnamed)'} of {ack.operator_id}[{ack.subtask}], which has no "
+                "such sink in this job"
+            )
+        return found[0]
+
+    def _commit_txn(self, ack: p.SnapshotCompleted, txn: p.SinkTransactionModel) -> None:
+        node = self._sink_node(ack, txn)
+        node.sink.commit(node.uid, txn)
+
+    def _sweep_earlier_attempts(self) -> None:
+        """Abort the parts that tasks of earlier attempts wrote after the restore aborted theirs.
+
+        A failed epoch's sibling tasks are killed, not awaited: Spark ends a killed task at once
+        but gives its Python worker ``spark.python.task.killTimeout`` (2 s) before destroying
+        it, so a sink writer can still create a part after the restore swept. Each commit in
+        the :data:`SWEEP_AFTER_RESTORE_MS` after a restore (and the first after it, however
+        late) sweeps again; the swept parts belong to attempts that can never commit them."""
+        if self._restored_ms is None:
+            return
+        for node in self.graph.sinks:
+            node.sink.abort_uncommitted(
+                self.job_id, node.uid, keep=set(), before_attempt=self.attempt
+            )
+        if self.clock.now_ms() - self._restored_ms >= SWEEP_AFTER_RESTORE_MS:
+            self._restored_ms = None
 
     def restore(
         self,
@@ -260,11 +318,11 @@ class JobExecution:
         """Restore a checkpoint (None: the beginning); ``storage`` is where its handles live
         (None: the job's own storage). ``record`` False leaves it out of ``restores``.
 
-        Steps: (1) commit the restored checkpoint's pre-committed transactions again,
-        (2) abort every other uncommitted part, (3) seek the sources back, (4) hand the
-        state handles to the subtasks, (5) report ``job_restored``."""
-        sink, sink_uid = self.graph.sink, self.graph.sink_uid
-        assert sink is not None and sink_uid is not None
+        Steps: (1) commit the restored checkpoint's pre-committed transactions again (also
+        when another job wrote them: a fork), (2) abort every other uncommitted part that this
+        job wrote, never another job's (:mod:`~sparkpoint.connectors.sinks`), (3) seek the
+        sources back, (4) hand the state handles to the subtasks, (5) report
+        ``job_restored``."""
         self.restore_storage = storage
         # Step 1
         committed = 0
@@ -272,22 +330,29 @@ class JobExecution:
             for ack in point.acks:
                 for txn in ack.sink_transactions:
                     committed += 1
-                    sink.commit(sink_uid, txn)
+                    self._commit_txn(ack, txn)
             self.committed_up_to = max(self.committed_up_to, point.checkpoint_id)
         # Step 2
-        aborted = sink.abort_uncommitted(sink_uid, keep=set())
+        aborted = sum(
+            node.sink.abort_uncommitted(self.job_id, node.uid, keep=set())
+            for node in self.graph.sinks
+        )
+        if self.attempt > 1:  # an attempt 1 has no earlier attempts to sweep up after
+            self._restored_ms = self.clock.now_ms()
         # Step 3
         self.planner.reset(point.source_positions() if point else {})
         self.storage.discard_working_state(self.job_id)  # every version is stale now
-        # Step 4
-        n = len(self.state_inputs)
-        if point is not None and self.graph.keyed is not None:
-            handles = point.handles(self.graph.keyed.uid)
-            self.state_inputs = tuple(
-                StateInput(handles=handles, restored_from=point.checkpoint_id) for _ in range(n)
+        # Step 4: every keyed vertex gets its own handles.
+        keyed = {k.uid for k in self.graph.keyed_vertices}
+        self.state_inputs = {
+            uid: tuple(
+                StateInput(handles=point.handles(uid), restored_from=point.checkpoint_id)
+                if point is not None and uid in keyed
+                else StateInput()
+                for _ in range(n)
             )
-        else:
-            self.state_inputs = tuple(StateInput() for _ in range(n))
+            for uid, n in self.graph.stateful().items()
+        }
         # Step 5
         if record:
             self.restores.append(point.checkpoint_id if point else None)
@@ -299,3 +364,9 @@ class JobExecution:
                 aborted_parts=aborted,
             )
         )
+
+
+def _executors(runner: EpochRunner) -> list[p.ExecutorModel] | None:
+    """The executors of a runner that has them (Spark's); None for one that runs in-process."""
+    listing = getattr(runner, "executors", None)
+    return [e.model() for e in listing()] if callable(listing) else None

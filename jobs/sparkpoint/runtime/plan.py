@@ -7,6 +7,7 @@ the driver publishes events only once it accepted the whole epoch).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sparkpoint import protocol as p
@@ -43,6 +44,8 @@ class StateInput:
     durable_path: str | None = None
     handles: tuple[p.StateHandleModel, ...] = ()
     restored_from: int | None = None
+    backend_url: str | None = None  # where the durable copy of the keyed state starts
+    durable_files: tuple[str, ...] = ()  # every durable file of the version (sink's included)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class FailureInjection:
         pre-committed for checkpoint ``checkpoint_id`` (the checkpoint never completes);
       - ``"before_commit"``: the driver fails after checkpoint ``checkpoint_id`` completed
         and before the sinks committed it.
+
+    ``vertex`` names the vertex of ``"source"``, ``"keyed"``, ``"alignment"`` and
+    ``"after_pre_commit"`` (e.g. the second keyed stage); None: the first source, the first
+    keyed vertex, or for ``"after_pre_commit"`` whichever vertex with sinks pre-commits first.
     """
 
     where: str
@@ -68,6 +75,7 @@ class FailureInjection:
     at_epoch: int = 0
     checkpoint_id: int = 0
     attempt: int = 1
+    vertex: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,23 +87,35 @@ class EpochPlan:
     mode: p.CheckpointingMode
     ranges: tuple[SplitRange, ...]
     barrier: CheckpointBarrier | None
-    state_inputs: tuple[StateInput, ...]  # one per keyed subtask (or the sink's source subtask)
+    # vertex uid -> one per subtask, for every vertex with working state (JobGraph.stateful)
+    state_inputs: Mapping[str, tuple[StateInput, ...]]
     committed_up_to: int  # sinks drop pending transactions with checkpoint id <= this
     storage: CheckpointStorage
     local_dir: str
     restore_storage: CheckpointStorage | None = None  # where restored handles live
     durable_working_state: bool = False  # also keep each working-state version in storage
     isolate_workers: bool = False  # testing: every Python worker acts as its own executor
+    state_backend: str = "hashmap"  # which keyed state backend the keyed subtasks use
+    incremental: bool = False  # native snapshots upload only new files (rocksdb)
     chunk_records: int = 262_144
     failure: FailureInjection | None = None
 
-    def injects(self, where: str, subtask: int) -> FailureInjection | None:
+    def injects(
+        self, where: str, subtask: int, vertex: str | None = None, default: bool = True
+    ) -> FailureInjection | None:
+        """The failure to inject at ``where`` in ``vertex[subtask]``; ``default``: whether the
+        vertex is the one a failure that names no vertex means."""
         f = self.failure
         if f is None or f.attempt != self.attempt:
             return None
-        if f.where == where and f.subtask == subtask:
+        named = f.vertex == vertex if f.vertex is not None else default
+        if f.where == where and f.subtask == subtask and named:
             return f
         return None
+
+    def state_input(self, uid: str, subtask: int) -> StateInput:
+        """Where ``uid[subtask]``'s working state comes from this epoch."""
+        return self.state_inputs[uid][subtask]
 
 
 @dataclass
@@ -116,4 +136,7 @@ class TaskReport:
     declines: list[p.CheckpointDeclined] = field(default_factory=list)
     state_version: str | None = None
     state_durable_path: str | None = None
+    state_backend_url: str | None = None
+    state_durable_files: tuple[str, ...] = ()
+    state_bytes_written: int = 0  # by the working-state version of this epoch
     split_end: dict[str, int] = field(default_factory=dict)

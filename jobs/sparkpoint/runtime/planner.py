@@ -1,22 +1,134 @@
-"""Plans the offset range of every source split for the next epoch, and where barriers go."""
+"""Plans the offset range of every source split for the next epoch, and where barriers go.
+
+A job of several sources is planned as one source of all their splits
+(:class:`CombinedSplits`): one epoch reads a range of every split of every source.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
 from sparkpoint.clock import Clock
 from sparkpoint.connectors.sources import Source
+from sparkpoint.graph import JobGraph
+from sparkpoint.records import Batch
 from sparkpoint.runtime.plan import SplitRange
+
+#: Epochs grow at most this much from one to the next (a misjudged cost costs one epoch).
+GROWTH = 4
+#: A paced job's epochs read at least this many times what arrives while they run.
+KEEP_UP_MARGIN = 1.25
+#: How quickly the arrival rate follows a change (weight of the latest epoch).
+RATE_SMOOTHING = 0.5
+
+
+class CombinedSplits(Source):
+    """Several sources' splits as one source's, in order, for the planner: split ``i`` of the
+    whole is split ``i - offset`` of the source it falls in; ids are the job's
+    (:meth:`~sparkpoint.graph.JobGraph.split_ids`)."""
+
+    def __init__(self, sources: Sequence[Source], split_ids: list[str]) -> None:
+        self._where = [(src, i) for src in sources for i in range(len(src.split_ids()))]
+        self._ids = split_ids
+
+    def split_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def total(self, split: int) -> int | None:
+        src, i = self._where[split]
+        return src.total(i)
+
+    def available(self, split: int, elapsed_s: float) -> int | None:
+        src, i = self._where[split]
+        return src.available(i, elapsed_s)
+
+    def read(self, split: int, start: int, end: int) -> Batch:
+        src, i = self._where[split]
+        return src.read(i, start, end)
+
+
+def planned_source(graph: JobGraph) -> Source:
+    """What the planner plans: the job's one source, or all its sources' splits in order."""
+    if len(graph.sources) == 1:
+        return graph.source.source
+    return CombinedSplits([s.source for s in graph.sources], graph.split_ids())
+
+
+class EpochCostModel:
+    """An epoch's duration: a fixed overhead plus a cost per record, fitted to recent epochs.
+
+    Least squares over the last ``window`` epochs (records, milliseconds) when their sizes
+    differ enough to tell the two apart; otherwise the per-record cost stays and the overhead
+    follows the latest epochs. Overhead is Spark's scheduling, Python workers and the driver's
+    own work per epoch: 0.3 s on an idle machine, 2 s on a loaded one.
+    """
+
+    def __init__(self, window: int = 8) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self.overhead_ms = 0.0
+        self.per_record_ms: float | None = None  # None until an epoch was observed
+
+    def observe(self, records: int, duration_ms: float) -> None:
+        """Add an epoch that read ``records`` records in ``duration_ms`` and fit again."""
+        if records <= 0 or duration_ms <= 0:
+            return
+        self._samples.append((float(records), duration_ms))
+        ns = [n for n, _ in self._samples]
+        mean_n = sum(ns) / len(ns)
+        mean_d = sum(d for _, d in self._samples) / len(ns)
+        if len(ns) >= 2 and max(ns) - min(ns) >= 0.25 * max(ns):  # sizes differ: fit
+            var = sum((n - mean_n) ** 2 for n in ns)
+            cov = sum((n - mean_n) * (d - mean_d) for n, d in self._samples)
+            per_record = max(0.0, cov / var)
+        elif self.per_record_ms is not None:  # keep the cost per record
+            per_record = self.per_record_ms
+        else:  # a first epoch alone: all of it counts as per-record cost (pessimistic)
+            per_record = mean_d / mean_n
+        overhead = mean_d - per_record * mean_n
+        if overhead < 0:  # the records cost more than the fit says: no overhead at all
+            overhead, per_record = 0.0, mean_d / mean_n
+        self.overhead_ms, self.per_record_ms = overhead, per_record
+
+    def duration_ms(self, records: float) -> float:
+        """The predicted duration of an epoch of ``records`` records."""
+        return self.overhead_ms + (self.per_record_ms or 0.0) * records
+
+    def records_within(self, ms: float) -> float:
+        """The most records an epoch reads in ``ms`` milliseconds (inf: no per-record cost)."""
+        if ms <= self.overhead_ms:
+            return 0.0
+        per_record = self.per_record_ms or 0.0
+        return (ms - self.overhead_ms) / per_record if per_record > 0 else math.inf
+
+    def keep_up_records(self, rate_per_ms: float) -> float:
+        """The epoch size at which an epoch reads what arrives while it runs, at
+        ``rate_per_ms`` records per millisecond (``n = rate * (overhead + n * cost)``);
+        inf when the job cannot keep up at any size."""
+        per_record = self.per_record_ms or 0.0
+        if rate_per_ms * per_record >= 1:
+            return math.inf
+        return rate_per_ms * self.overhead_ms / (1 - rate_per_ms * per_record)
 
 
 class EpochPlanner:
-    """Tracks source positions; sizes epochs to a target duration from measured throughput.
+    """Tracks source positions; sizes epochs from their measured cost and the source's lag.
 
     With ``--rate`` the source only *has* ``rate * elapsed`` records; the planner waits for
-    some to exist rather than spin. Without it, epochs grow to what the job processes in the
-    target duration (between ``min_records`` and ``max_records`` per split).
+    some to exist rather than spin. Epoch sizes are per split, between ``min_records`` and
+    ``max_records``:
+
+    - unpaced sources: what the job processes in the target duration, at the throughput the
+      last epoch measured;
+    - paced sources: from an :class:`EpochCostModel` and the arrival rate. Caught up, an epoch
+      is as large as the target duration allows, but never below what keeps up with the
+      arrivals (with a fixed overhead near the target, a throughput-sized epoch reads less
+      than arrives while it runs, and the job falls behind for good). Behind (more records
+      available than such an epoch reads), epochs grow by up to :data:`GROWTH` per epoch and
+      read the whole backlog, so each reads more than arrives during it; caught up again,
+      they shrink back to the target.
     """
 
     def __init__(
@@ -38,13 +150,24 @@ class EpochPlanner:
         self.min_records = min_records
         self.max_records = max_records
         self.per_split = max(min_records, min(max_records, 100_000))
+        self.cost = EpochCostModel()
+        self.arrival_rate: float | None = None  # records/ms over all splits; None: unpaced
         self._sleep = sleep
         self._started = clock.monotonic_ms()
+        self._offset_s = 0.0  # the source's clock ahead of ours: a restored position exists
         self._observed = 0
+        self._planned = self.per_split  # the per-split size of the last planned epoch
+        self._arrived = (self._started, 0.0)  # (monotonic ms, records arrived by then)
 
     def start(self) -> None:
         """Start pacing now (``--rate`` counts from the first epoch, not from start-up)."""
         self._started = self.clock.monotonic_ms()
+        self._arrived = (self._started, self._arrivals(self._elapsed_s()))
+
+    def _elapsed_s(self) -> float:
+        """Seconds of the paced source's clock: since :meth:`start`, plus the offset a restore
+        in a new driver needs (a position that a checkpoint holds existed already)."""
+        return (self.clock.monotonic_ms() - self._started) / 1000 + self._offset_s
 
     @property
     def bounded(self) -> bool:
@@ -58,12 +181,14 @@ class EpochPlanner:
 
     def lag(self) -> int:
         """Records that exist but were not read yet (bounded sources: all unread ones)."""
-        elapsed = (self.clock.monotonic_ms() - self._started) / 1000
+        return int(self._lag(self._elapsed_s()))
+
+    def _lag(self, elapsed_s: float) -> float:
         lag = 0.0
         for i, pos in enumerate(self.positions):
-            avail = self._available(i, elapsed)
+            avail = self._available(i, elapsed_s)
             lag += max(0, avail - pos) if avail != math.inf else 0
-        return int(lag)
+        return lag
 
     def _available(self, split: int, elapsed_s: float) -> float:
         total = self.totals[split]
@@ -71,17 +196,35 @@ class EpochPlanner:
         limits = [x for x in (total, avail) if x is not None]
         return min(limits) if limits else math.inf
 
+    def _arrivals(self, elapsed_s: float) -> float:
+        """Records of all splits that exist after ``elapsed_s`` (inf: unpaced source)."""
+        return sum(self._available(i, elapsed_s) for i in range(len(self.split_ids)))
+
     def next_ranges(self) -> list[SplitRange]:
         """The ranges of the next epoch; waits (paced sources) until some record exists."""
         while True:
-            elapsed = (self.clock.monotonic_ms() - self._started) / 1000
+            # A split without a total may learn it (a Redis stream reaches its --until-id).
+            self.totals = [
+                self.source.total(i) if t is None else t for i, t in enumerate(self.totals)
+            ]
+            elapsed = self._elapsed_s()
+            size = self._epoch_size(self._lag(elapsed))
             ranges = []
             for i, pos in enumerate(self.positions):
-                end = int(min(self._available(i, elapsed), pos + self.per_split))
+                end = int(min(self._available(i, elapsed), pos + size))
                 ranges.append(SplitRange(i, self.split_ids[i], pos, max(pos, end)))
             if any(r.records for r in ranges) or self.exhausted():
+                self._planned = size
                 return ranges
             self._sleep(min(self.target_ms, 100) / 1000)
+
+    def _epoch_size(self, lag: float) -> int:
+        """Records per split of the next epoch: behind (a paced source whose ``lag`` is more
+        than a caught-up epoch reads), grow toward the whole backlog; else ``per_split``."""
+        if self.arrival_rate is None or lag <= self.per_split * len(self.split_ids):
+            return self.per_split
+        backlog = math.ceil(lag / len(self.split_ids))
+        return max(self.per_split, min(backlog, GROWTH * self._planned, self.max_records))
 
     def will_exhaust(self, ranges: list[SplitRange]) -> bool:
         """True when reading ``ranges`` reaches the end of every (bounded) split."""
@@ -104,12 +247,61 @@ class EpochPlanner:
     def reset(self, positions: dict[str, int]) -> None:
         """Seek every split back to a checkpoint's positions (0 where it has none)."""
         self.positions = [positions.get(sid, 0) for sid in self.split_ids]
+        # A paced source has produced at least what a checkpoint read: a driver restarted from
+        # it must not wait until its own clock reaches those positions again.
+        behind = self._time_of_positions() - self._elapsed_s()
+        if behind > 0:
+            self._offset_s += behind
+
+    def _time_of_positions(self) -> float:
+        """The source-clock second by which every split's current position existed."""
+        if all(self._available(i, 0.0) >= pos for i, pos in enumerate(self.positions)):
+            return 0.0
+        low, high = 0.0, 1.0
+        while any(self._available(i, high) < pos for i, pos in enumerate(self.positions)):
+            high *= 2
+            if high > 1e9:  # a position the source never reaches (it shrank): do not wait
+                return 0.0
+        for _ in range(50):  # bisection to well below a millisecond
+            mid = (low + high) / 2
+            if all(self._available(i, mid) >= pos for i, pos in enumerate(self.positions)):
+                high = mid
+            else:
+                low = mid
+        return high
 
     def observe(self, records: int, duration_ms: float) -> None:
-        """Resize epochs so that the next one takes about the target duration."""
+        """Learn from an accepted epoch; size the next one (see the class docstring).
+
+        Steps: (1) the arrival rate since the last epoch (paced sources), (2) the cost model
+        (not from the first epoch: it is mostly Python workers starting up), (3) the size.
+        """
+        # Step 1
+        self._observe_arrivals()
+        # Step 2
         self._observed += 1
         if records <= 0 or duration_ms <= 0 or self._observed == 1:
-            return  # the first epoch's rate is mostly Python workers starting up
-        per_split = records / duration_ms * self.target_ms / len(self.split_ids)
-        grown = min(per_split, self.per_split * 4)  # grow gradually, shrink at once
+            return
+        self.cost.observe(records, duration_ms)
+        # Step 3
+        splits = len(self.split_ids)
+        if self.arrival_rate is None:  # the job's own throughput over the target duration
+            per_split = records / duration_ms * self.target_ms / splits
+        else:
+            keep_up = KEEP_UP_MARGIN * self.cost.keep_up_records(self.arrival_rate)
+            per_split = max(self.cost.records_within(self.target_ms), keep_up) / splits
+        grown = min(per_split, self.per_split * GROWTH)  # grow gradually, shrink at once
         self.per_split = int(max(self.min_records, min(self.max_records, grown)))
+
+    def _observe_arrivals(self) -> None:
+        now = self.clock.monotonic_ms()
+        arrived = self._arrivals(self._elapsed_s())
+        if arrived == math.inf:
+            return
+        since, before = self._arrived
+        self._arrived = (now, arrived)
+        if now <= since:
+            return
+        rate = (arrived - before) / (now - since)
+        previous = rate if self.arrival_rate is None else self.arrival_rate
+        self.arrival_rate = RATE_SMOOTHING * rate + (1 - RATE_SMOOTHING) * previous

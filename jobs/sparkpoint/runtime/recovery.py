@@ -1,17 +1,19 @@
 """What a restore starts from: a completed checkpoint in memory or its ``_metadata``.
 
-:func:`checkpoint_metadata` writes what :func:`restore_point_from_metadata` reads back.
+:func:`~sparkpoint.checkpointing.pending.checkpoint_metadata` writes what
+:func:`restore_point_from_metadata` reads back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
+from sparkpoint.checkpointing.pending import checkpoint_metadata as checkpoint_metadata
 from sparkpoint.checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
-from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
+from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, StorageLocationError
 from sparkpoint.graph import JobGraph
 
 
@@ -55,28 +57,84 @@ def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> Restor
         raise CorruptSnapshotError(f"{path}: not a valid Sparkpoint checkpoint: {err}") from err
 
 
-def check_restore_point(point: RestorePoint, graph: JobGraph) -> None:
-    """Refuse a checkpoint that does not fit the job: state of operators the job lacks, or
-    source positions of splits other than the job's (a silent mismatch would lose state or
-    replay input from the start).
+def check_restore_point(
+    point: RestorePoint, graph: JobGraph, *, allow_non_restored_state: bool = False
+) -> RestorePoint:
+    """Refuse a checkpoint that does not fit the job: state of operators the job lacks
+    (unless ``allow_non_restored_state``: that state is then skipped, as Flink's
+    ``--allowNonRestoredState``), or source positions of splits other than the job's (a
+    silent mismatch would lose state or replay input from the start).
+
+    Returns:
+        The point to restore: without the operators the job lacks, when those are allowed.
 
     Raises:
         ConfigurationError: naming the checkpoint and what does not match.
     """
     tasks = graph.tasks()
     unknown = sorted({a.operator_id for a in point.acks} - set(tasks))
-    if unknown:
+    if unknown and not allow_non_restored_state:
         raise ConfigurationError(
             f"checkpoint {point.checkpoint_id} ({point.external_path}) has state of operators "
-            f"{unknown} that this job does not have (its operators: {sorted(tasks)})"
+            f"{unknown} that this job does not have (its operators: {sorted(tasks)}); to "
+            "restore the rest and drop that state, run with --allow-non-restored-state"
         )
-    splits = set(graph.source.source.split_ids())
+    if unknown:
+        kept = tuple(a for a in point.acks if a.operator_id in tasks)
+        point = RestorePoint(point.checkpoint_id, point.attempt, kept, point.external_path)
+    splits = set(graph.split_ids())
     positions = set(point.source_positions())
     if positions != splits:
         raise ConfigurationError(
             f"checkpoint {point.checkpoint_id} ({point.external_path}) has positions of source "
             f"splits {sorted(positions)}, but the job's source has {sorted(splits)}"
         )
+    return point
+
+
+def newest_restorable(
+    checkpoints: Iterable[CompletedCheckpoint], storage: CheckpointStorage
+) -> tuple[CompletedCheckpoint | None, list[str]]:
+    """The newest of ``checkpoints`` whose state files verify, and why each newer one was
+    skipped: a corrupt or missing state file (a lost shared file of incremental state) makes
+    a checkpoint fail every restore, so "the latest" falls back to the newest that verifies.
+
+    Files are checked by size (small ones by checksum too, see
+    :meth:`CheckpointStorage.verify_handles`); a savepoint's in its own directory.
+
+    Returns:
+        (the checkpoint, or None when none verifies or there is none; one line per skipped
+        checkpoint, newest first, naming it and the file).
+    """
+    skipped = []
+    for cp in sorted(checkpoints, key=lambda c: c.checkpoint_id, reverse=True):
+        where = (
+            storage_for_checkpoint_path(cp.external_path)
+            if cp.is_savepoint and cp.external_path
+            else storage
+        )
+        try:
+            where.verify_handles(h for ack in cp.acks.values() for h in ack.handles)
+        except (CorruptSnapshotError, StorageLocationError) as err:
+            skipped.append(f"{cp.kind.value} {cp.checkpoint_id} cannot be restored: {err}")
+            continue
+        return cp, skipped
+    return None, skipped
+
+
+def verify_restore_point(point: RestorePoint, storage: CheckpointStorage) -> None:
+    """Refuse a checkpoint to restore whose state files are missing or altered, before the
+    job starts (else every epoch would fail reading them).
+
+    Raises:
+        CorruptSnapshotError: naming the checkpoint's path and the file.
+    """
+    try:
+        storage.verify_handles(h for ack in point.acks for h in ack.handles)
+    except (CorruptSnapshotError, StorageLocationError) as err:
+        raise CorruptSnapshotError(
+            f"checkpoint {point.checkpoint_id} ({point.external_path}) cannot be restored: {err}"
+        ) from err
 
 
 def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
@@ -87,18 +145,3 @@ def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
         trimmed = trimmed[: -len("/_metadata")]
     base = trimmed.rsplit("/", 2)[0]
     return FileSystemCheckpointStorage(base)
-
-
-def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:
-    """The ``_metadata`` of a completed checkpoint: everything a restore from its path needs."""
-    return {
-        "format": "sparkpoint-checkpoint/1",
-        "job_id": job_id,
-        "checkpoint_id": cp.checkpoint_id,
-        "kind": cp.kind.value,
-        "attempt": cp.attempt,
-        "is_final": cp.is_final,
-        "trigger_timestamp": cp.trigger_timestamp,
-        "completion_timestamp": cp.completion_timestamp,
-        "acks": [a.model_dump(mode="json") for a in cp.acks.values()],
-    }

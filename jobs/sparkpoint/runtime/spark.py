@@ -1,10 +1,17 @@
 """The one module of the runtime that touches pyspark: runs an epoch as one Spark job.
 
 An epoch is ``parallelize(source subtasks) -> mapPartitions(source task) ->
-partitionBy(keyed parallelism, identity) -> mapPartitions(keyed task) -> collect()``. The
-shuffle keeps each upstream task's order per target partition, so barriers are never
-overtaken; the order in which channels arrive varies, which the barrier handler aligns.
-Spark's own retries are off (execution contract 1): any task failure fails the epoch.
+partitionBy(keyed parallelism, identity) -> mapPartitions(keyed task) -> collect()``, with one
+more ``partitionBy -> mapPartitions(keyed task)`` per further keyed stage (one Spark shuffle
+per exchange). The shuffle keeps each upstream task's order per target partition, so barriers
+are never overtaken; the order in which channels arrive varies, which the barrier handler aligns.
+Spark's own retries are off (execution contract 1): any task failure fails the epoch, and so
+does a shuffle fetch failure (``spark.stage.maxConsecutiveAttempts=1``), and so does an
+executor lost while the epoch ran, although Spark re-runs a lost executor's tasks without
+counting a failure: the cause names it (``executor 1 on 10.0.0.6 lost: worker lost: ...``).
+A driver whose Spark JVM died or whose SparkContext stopped cannot run another epoch:
+:class:`SparkLostError` says so, and the driver process ends for its supervisor to start a
+new one.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError, SparkpointError
-from sparkpoint.graph import JobGraph
+from sparkpoint.graph import JobGraph, SourceVertex, Vertex
+from sparkpoint.protocol_types import MAX_EXECUTORS
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
 
@@ -31,6 +40,25 @@ class EpochFailedError(SparkpointError):
         self.cause = cause
 
 
+class WarmUpFailedError(SparkpointError):
+    """Starting the Python workers failed; ``cause`` is the task's error in one line."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"warm-up failed: {cause}")
+        self.cause = cause
+
+
+class SparkLostError(SparkpointError):
+    """This process's Spark is gone (its JVM died, its SparkContext stopped): no epoch can run
+    here any more, but a new driver process can recover the job. ``cause`` is one line."""
+
+    def __init__(self, cause: str, job_id: str | None = None) -> None:
+        job = f"job {job_id}: " if job_id else ""
+        super().__init__(f"{job}lost the driver's Spark: {cause}")
+        self.cause = cause
+        self.job_id = job_id
+
+
 @dataclass(frozen=True)
 class SparkApplication:
     """The Spark application that runs a driver's epochs, as its RUNNING status reports it."""
@@ -39,8 +67,36 @@ class SparkApplication:
     ui_url: str | None  # None when the Spark UI is off (spark.ui.enabled=false)
 
 
-def spark_session(master: str, app_name: str) -> Any:
-    """The active SparkSession, or a new one configured for the execution contract."""
+@dataclass(frozen=True)
+class ExecutorInfo:
+    """One executor of the application (Spark's ``ExecutorSummary``, the driver left out)."""
+
+    executor_id: str
+    host: str
+    cores: int
+    active: bool
+    remove_reason: str | None = None  # why Spark removed it (None while active)
+
+    def model(self) -> p.ExecutorModel:
+        return p.ExecutorModel(
+            executor_id=self.executor_id,
+            host=self.host,
+            cores=self.cores,
+            active=self.active,
+            remove_reason=self.remove_reason,
+        )
+
+
+#: Sparkpoint's log4j configuration for the driver JVM (see its header).
+LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
+def spark_session(master: str, app_name: str, spark_log: str | None = None) -> Any:
+    """The active SparkSession, or a new one configured for the execution contract.
+
+    ``spark_log``: a new session's Spark log goes to this file and only Spark's errors other
+    than task failures to the console (``log4j2.properties``); None: Spark's own logging.
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -49,32 +105,98 @@ def spark_session(master: str, app_name: str) -> Any:
     if active is not None:
         check_session(active)
         return active
-    session = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.task.maxFailures", "1")
-        .config("spark.speculation", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    builder = SparkSession.builder
+    if spark_log is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(spark_log)), exist_ok=True)
+        builder = builder.config(
+            "spark.driver.extraJavaOptions",
+            f'"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}" "-Dsparkpoint.spark.log={spark_log}"',
+        )
+    try:
+        session = (
+            builder.master(master)
+            .appName(app_name)
+            .config("spark.task.maxFailures", "1")
+            # Fetch failures do not count as task failures: Spark would re-run the stages.
+            .config("spark.stage.maxConsecutiveAttempts", "1")
+            .config("spark.speculation", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.python.worker.reuse", "true")
+            .getOrCreate()
+        )
+        if spark_log is None:  # else the configuration keeps WARN in the file, ERROR on screen
+            session.sparkContext.setLogLevel("ERROR")
+    except Exception as err:
+        lost = spark_lost(err)
+        if lost is not None:
+            raise SparkLostError(f"while the SparkSession started: {lost}") from err
+        raise
     check_session(session)
     return session
 
 
+#: Spark's retries, each with its default on a cluster: Sparkpoint needs every one at 1.
+_RETRY_KEYS = {"spark.task.maxFailures": "4", "spark.stage.maxConsecutiveAttempts": "4"}
+
+
 def check_session(session: Any) -> None:
-    """Refuse a session whose settings would break exactly-once (retries, speculation)."""
+    """Refuse a session whose settings would break exactly-once (retries, speculation).
+
+    Local masters (``local``, ``local[N]``) are not checked for retries: ``local[N]`` sets
+    ``spark.task.maxFailures`` to 1 itself, and :func:`spark_session` sets the rest.
+    """
     conf = session.sparkContext.getConf()
     if conf.get("spark.speculation", "false").lower() == "true":
         raise ConfigurationError("spark.speculation must be false: Sparkpoint recovers itself")
     master = conf.get("spark.master", "")
-    retries = conf.get("spark.task.maxFailures", "1" if master.startswith("local") else "4")
-    if int(retries) != 1 and not re.match(r"local\[[^,\]]+\]$|local$", master):
-        raise ConfigurationError(
-            f"spark.task.maxFailures must be 1 (is {retries}): Spark's own retries are off, "
-            "Sparkpoint recovers a failed epoch from its checkpoint"
-        )
+    if re.match(r"local\[[^,\]]+\]$|local$", master):
+        return
+    for key, default in _RETRY_KEYS.items():
+        retries = conf.get(key, default)
+        if int(retries) != 1:
+            raise ConfigurationError(
+                f"{key} must be 1 (is {retries}): Spark's own retries are off, "
+                "Sparkpoint recovers a failed epoch from its checkpoint"
+            )
+
+
+def spark_lost(err: BaseException | None = None) -> str | None:
+    """Why this process's Spark is gone, in one line, or None while it still works.
+
+    Gone: the JVM that PySpark launched has exited, ``err`` is a lost connection to it (Py4J
+    network errors, refused connections), it never started, or the SparkContext stopped.
+    """
+    from py4j.protocol import Py4JNetworkError
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    code = proc.poll() if proc is not None else None
+    if proc is not None and code is not None:
+        return f"the Spark JVM (pid {proc.pid}) exited with {_exit_text(code)}"
+    if err is None:
+        pass
+    elif isinstance(err, (Py4JNetworkError, ConnectionError)):
+        return f"the connection to the Spark JVM failed: {_one_line(err)}"
+    elif "JAVA_GATEWAY_EXITED" in str(getattr(err, "getCondition", lambda: "")()):
+        return f"the Spark JVM exited before it started: {_one_line(err)}"
+    sc = SparkContext._active_spark_context
+    if gateway is not None and sc is not None:
+        try:
+            if sc._jsc is None or sc._jsc.sc().isStopped():
+                return "the SparkContext was stopped"
+        except Exception as probe:  # any failure to ask means the JVM is gone
+            return f"the Spark JVM does not answer: {_one_line(probe)}"
+    return None
+
+
+def _exit_text(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:300]
 
 
 def _task_info() -> TaskInfo:
@@ -96,12 +218,53 @@ def _identity(key: int) -> int:
     return key
 
 
+def _numeric(executor_id: str) -> int:
+    return int(executor_id) if executor_id.isdigit() else -1
+
+
 _CAUSE = re.compile(r"^([\w.]+(?:Error|Exception|Failure|Interrupt)): (.*)$", re.MULTILINE)
+# "Lost task 0.0 in stage 3.0 (TID 12) (127.0.0.1 executor 1): ExecutorLostFailure (executor 1
+# exited caused by one of the running tasks) Reason: Remote RPC client disassociated. ..."
+_EXECUTOR_LOST = re.compile(
+    r"\((\S+) executor (\w+)\): ExecutorLostFailure \([^)]*\) Reason: ([^\n]*)"
+)
+# "FetchFailed(BlockManagerId(1, 127.0.0.1, 36449, None), shuffleId=0, ...), message=\n
+# org.apache.spark.shuffle.FetchFailedException: Failed to connect to /127.0.0.1:36449"
+_FETCH_FAILED = re.compile(
+    r"FetchFailed\(BlockManagerId\((\w+), ([^,]+),.*?message=\s*(?:[\w.]+: )?([^\n]*)", re.DOTALL
+)
+# "... has failed the maximum allowable number of times: 1. Most recent failure reason:\n
+# org.apache.spark.shuffle.FetchFailedException: Failed to connect to /127.0.0.1:36449"
+_FETCH_EXCEPTION = re.compile(r"FetchFailedException: ([^\n]*)")
+
+
+def executor_lost_cause(executor_id: str, host: str, reason: str) -> str:
+    """The one-line cause of an epoch that failed because an executor was lost."""
+    reason = " ".join(reason.split()) or "lost"
+    return f"executor {executor_id} on {host} lost: {reason}"[:500]
 
 
 def failure_cause(err: BaseException) -> str:
-    """The task's own error from a Spark failure, in one line."""
+    """The task's own error from a Spark failure, in one line.
+
+    An executor's loss (Spark's ``ExecutorLostFailure``, a shuffle fetch from an executor that
+    is gone) is its own cause: ``executor 1 on 127.0.0.1 lost: <Spark's reason>``.
+    """
     text = str(err)
+    lost = _EXECUTOR_LOST.search(text)
+    if lost is not None:
+        host, executor, reason = lost.groups()
+        return executor_lost_cause(executor, host, reason)
+    fetch = _FETCH_FAILED.search(text)
+    if fetch is not None:
+        executor, host, message = fetch.groups()
+        return executor_lost_cause(executor, host.strip(), f"shuffle fetch failed: {message}")
+    fetch_exception = _FETCH_EXCEPTION.search(text)
+    if fetch_exception is not None:  # a stage aborted after a fetch failure: no executor id
+        message = fetch_exception[1]
+        host = re.search(r"/([\w.:-]+?):\d+", message)
+        where = f"an executor on {host[1]}" if host is not None else "an executor"
+        return f"{where} lost: shuffle fetch failed: {message.strip()}"[:500]
     matches = [
         m
         for m in _CAUSE.finditer(text)
@@ -121,17 +284,122 @@ class SparkEpochRunner:
         self.graph = graph
         self.session = session
         self.sc = session.sparkContext
+        self._executors: tuple[ExecutorInfo, ...] = ()
+        self._listed: frozenset[str] | None = None  # the active ids _executors was read with
 
     def warm_up(self) -> None:
         """Start the Python workers and import the runtime there before the first epoch, so
-        that the first checkpoint's duration is not start-up time."""
-        slots = max(self.sc.defaultParallelism, self.graph.source.parallelism)
-        self.sc.setJobGroup("sparkpoint-warm-up", "start Python workers")
-        self.sc.parallelize(range(slots), slots).map(_import_runtime).collect()
+        that the first checkpoint's duration is not start-up time.
+
+        Raises:
+            WarmUpFailedError: a task failed (a Python worker died, ...); try again.
+            SparkLostError: this process's Spark is gone.
+        """
+        slots = max(self.sc.defaultParallelism, sum(s.parallelism for s in self.graph.sources))
+        try:
+            self.sc.setJobGroup("sparkpoint-warm-up", "start Python workers")
+            self.sc.parallelize(range(slots), slots).map(_import_runtime).collect()
+        except Exception as err:
+            raise self._failure(err, WarmUpFailedError(failure_cause(err))) from err
+        finally:
+            self._clear_job_group()
 
     def application(self) -> SparkApplication:
         """The Spark application of the session: its id and the address of its UI."""
-        return SparkApplication(application_id=self.sc.applicationId, ui_url=self.sc.uiWebUrl)
+        try:
+            return SparkApplication(application_id=self.sc.applicationId, ui_url=self.sc.uiWebUrl)
+        except Exception as err:
+            raise self._failure(err, None) from err
+
+    def executors(self) -> list[ExecutorInfo]:
+        """The application's executors and their hosts, removed ones with Spark's reason.
+
+        Read from Spark's status store (what the Spark UI shows) only when the scheduler's
+        executors differ from the last read: one call per epoch otherwise.
+        """
+        try:
+            ids = self._executor_ids()
+            if ids != self._listed:
+                self._executors = self._read_executors()
+                self._listed = frozenset(e.executor_id for e in self._executors if e.active)
+        except Exception as err:
+            raise self._failure(err, None) from err
+        return list(self._executors)
+
+    def _executor_ids(self) -> frozenset[str]:
+        """The executors the scheduler has now: it drops a lost one before re-running its
+        tasks, so a task that Spark re-ran elsewhere shows here as a missing executor."""
+        joined = self.sc._jsc.sc().getExecutorIds().mkString("\n")
+        return frozenset(x for x in str(joined).split("\n") if x)
+
+    def _read_executors(self) -> tuple[ExecutorInfo, ...]:
+        summaries = self.sc._jsc.sc().statusStore().executorList(False)
+        found = []
+        for i in range(summaries.size()):
+            s = summaries.apply(i)
+            executor_id = str(s.id())
+            if executor_id == "driver":
+                continue
+            reason = s.removeReason()
+            found.append(
+                ExecutorInfo(
+                    executor_id=executor_id,
+                    host=str(s.hostPort()).rsplit(":", 1)[0],
+                    cores=int(s.totalCores()),
+                    active=bool(s.isActive()),
+                    remove_reason=str(reason.get()) if reason.isDefined() else None,
+                )
+            )
+        found.sort(key=lambda e: (not e.active, -_numeric(e.executor_id)))
+        return tuple(found[:MAX_EXECUTORS])
+
+    def _lost_cause(self, lost: frozenset[str]) -> str:
+        """The cause of an epoch during which executors were lost: the first one, with its
+        host and Spark's reason once the status store has it (it hears of it a moment later)."""
+        executor_id = min(lost, key=_numeric)
+        known = {e.executor_id: e for e in self._executors}
+        deadline = time.monotonic() + 2.0
+        while True:
+            self._listed = None  # read again
+            current = {e.executor_id: e for e in self.executors()}
+            info = current.get(executor_id) or known.get(executor_id)
+            if (info is not None and not info.active) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        host = info.host if info is not None else "an unknown host"
+        reason = info.remove_reason if info is not None and info.remove_reason else "removed"
+        return executor_lost_cause(executor_id, host, reason)
+
+    def _failure(self, err: Exception, otherwise: SparkpointError | None) -> Exception:
+        """What a Spark call's error means: the Spark is lost, else ``otherwise`` (None: the
+        error itself)."""
+        lost = spark_lost(err)
+        if lost is not None:
+            return SparkLostError(lost)
+        return otherwise if otherwise is not None else err
+
+    def _clear_job_group(self) -> None:
+        if spark_lost() is None:  # a dead JVM cannot be asked; the error says so already
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+
+    def _vertex_rdd(self, plan: EpochPlan, vertex: Vertex, rdds: dict[str, Any]) -> Any:
+        """The RDD of one vertex's subtasks: a source's from ``parallelize``; a keyed one's
+        behind one shuffle of the union of its inputs' RDDs."""
+        graph, uid = self.graph, vertex.uid
+        if isinstance(vertex, SourceVertex):
+
+            def source(index: int, _items: Any) -> Any:
+                return run_source_task(graph, plan, index, _task_info(), vertex=uid)
+
+            n = vertex.parallelism
+            return self.sc.parallelize(range(n), n).mapPartitionsWithIndex(source)
+
+        def keyed(index: int, items: Any) -> Any:
+            return run_keyed_task(graph, plan, index, items, _task_info(), vertex=uid)
+
+        inputs = [rdds[i] for i in vertex.inputs]
+        rdd = inputs[0] if len(inputs) == 1 else self.sc.union(inputs)
+        return rdd.partitionBy(vertex.parallelism, _identity).mapPartitionsWithIndex(keyed)
 
     def run(self, plan: EpochPlan) -> list[TaskReport]:
         """Run one epoch; raises :class:`EpochFailedError` when any task failed."""
@@ -140,23 +408,23 @@ class SparkEpochRunner:
         desc = f"{plan.job_name} ({plan.job_id}) attempt {plan.attempt} epoch {plan.epoch}"
         if plan.barrier is not None:
             desc += f" checkpoint {plan.barrier.checkpoint_id}"
-        self.sc.setJobGroup(group, desc, interruptOnCancel=True)
-        n = graph.source.parallelism
-
-        def source(index: int, _items: Any) -> Any:
-            return run_source_task(graph, plan, index, _task_info())
-
-        rdd = self.sc.parallelize(range(n), n).mapPartitionsWithIndex(source)
-        if graph.keyed is not None:
-
-            def keyed(index: int, items: Any) -> Any:
-                return run_keyed_task(graph, plan, index, items, _task_info())
-
-            rdd = rdd.partitionBy(graph.keyed.parallelism, _identity)
-            rdd = rdd.mapPartitionsWithIndex(keyed)
         try:
-            return list(rdd.collect())
+            before = self._executor_ids()
+            self.sc.setJobGroup(group, desc, interruptOnCancel=True)
+            rdds: dict[str, Any] = {}
+            for vertex in graph.all_vertices():  # topological: inputs first
+                rdds[vertex.uid] = self._vertex_rdd(plan, vertex, rdds)
+            tails = [rdds[v.uid] for v in graph.all_vertices() if graph.downstream(v.uid) is None]
+            rdd = tails[0] if len(tails) == 1 else self.sc.union(tails)
+            reports = list(rdd.collect())
+            lost = before - self._executor_ids()
         except Exception as err:
-            raise EpochFailedError(plan.epoch, failure_cause(err)) from err
+            raise self._failure(err, EpochFailedError(plan.epoch, failure_cause(err))) from err
         finally:
-            self.sc.setLocalProperty("spark.jobGroup.id", None)
+            self._clear_job_group()
+        if lost:
+            # Spark re-runs the tasks of an executor whose worker was lost without counting a
+            # failure (spark.task.maxFailures does not apply): the epoch is failed here instead,
+            # and recovered from its checkpoint like any other failed epoch.
+            raise EpochFailedError(plan.epoch, self._lost_cause(lost))
+        return reports

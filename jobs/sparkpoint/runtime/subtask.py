@@ -1,10 +1,11 @@
 """The tail shared by every subtask: snapshots on a barrier, the sink, working state.
 
 :class:`SubtaskCheckpointer` is the per-subtask half of a checkpoint: on barrier *n* it takes
-the synchronous part (a serialized copy of keyed state, the sink's pre-commit), hands the
-upload (the asynchronous part) to a thread, and builds the acknowledgement once the upload is
-done. A snapshot that the checkpoint storage refuses (too large for inline storage) becomes a
-decline with the reason instead of an acknowledgement.
+the synchronous part (the keyed state backend's capture, the sink's pre-commit), hands the
+asynchronous part (serializing and uploading the capture) to a thread while processing goes
+on, and builds the acknowledgement once the upload is done. A snapshot that the checkpoint
+storage refuses (too large for inline storage) becomes a decline with the reason instead of an
+acknowledgement.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import AlignmentStats, CheckpointBarrier
-from sparkpoint.checkpointing.storage import StateTooLargeError
+from sparkpoint.checkpointing.storage import CheckpointStorage, StateTooLargeError
 from sparkpoint.clock import Clock
 from sparkpoint.connectors.sinks import SinkWriter
 from sparkpoint.errors import InjectedFailure
 from sparkpoint.functions import TimestampsAndWatermarksOperator
+from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.records import Batch
 from sparkpoint.runtime import working_state
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
-from sparkpoint.state.hashmap import HashMapKeyedStateBackend
+from sparkpoint.state import backends
+from sparkpoint.state.backend import KeyedStateBackend, SnapshotCapture
+from sparkpoint.state.key_groups import KeyGroupRange
 from sparkpoint.watermarks import BoundedOutOfOrdernessWatermarks
 
 
@@ -37,8 +41,53 @@ class _InFlight:
     state_size: int
     source_positions: dict[str, int]
     sinks: list[p.SinkTransactionModel]
-    upload: Future[p.StateHandleModel] | None
+    upload: Future[list[p.StateHandleModel]] | None
+    target: _SnapshotTarget | None
     upload_started: float
+
+
+@dataclass
+class _SnapshotTarget:
+    """Where one subtask's snapshot for one checkpoint goes; counts the bytes uploaded."""
+
+    storage: CheckpointStorage
+    job_id: str
+    checkpoint_id: int
+    name: str  # tagged by job attempt and task attempt (execution contract 2)
+    key_group_range: KeyGroupRange
+    incremental: bool
+    states: list[p.StateDescriptorModel]  # recorded in each handle (and so in _metadata)
+    uploaded: int = 0  # bytes written this time (Flink's checkpointed size)
+    full: int = 0  # bytes the snapshot references in all (Flink's state size)
+
+    def write(self, data: bytes, *, fmt: str) -> p.StateHandleModel:
+        handle = self.storage.write_state(
+            self.job_id, self.checkpoint_id, self.name, data, key_group_range=self.key_group_range
+        ).model_copy(update={"format": fmt, "states": self.states})
+        self.uploaded += handle.size
+        self.full += handle.size
+        return handle
+
+    def write_native(
+        self, private: dict[str, str], shared: dict[str, str], reused: list[Any], *, fmt: str
+    ) -> p.StateHandleModel:
+        handle = self.storage.write_native(
+            self.job_id,
+            self.checkpoint_id,
+            self.name,
+            private,
+            shared,
+            reused,
+            key_group_range=self.key_group_range,
+            fmt=fmt,
+        ).model_copy(update={"states": self.states})
+        reused_paths = {r.path for r in reused}
+        shared_bytes = sum(f.size for f in handle.shared)
+        new_shared = sum(f.size for f in handle.shared if f.path not in reused_paths)
+        private_bytes = sum(os.path.getsize(path) for path in private.values())
+        self.uploaded += handle.size + private_bytes + new_shared
+        self.full += handle.size + private_bytes + shared_bytes
+        return handle
 
 
 class SubtaskCheckpointer:
@@ -51,8 +100,8 @@ class SubtaskCheckpointer:
         subtask: int,
         report: TaskReport,
         clock: Clock,
-        backend: HashMapKeyedStateBackend | None = None,
-        sink: SinkWriter | None = None,
+        backend: KeyedStateBackend | None = None,
+        sinks: dict[str, SinkWriter] | None = None,
         pending: list[tuple[int, p.SinkTransactionModel]] | None = None,
     ) -> None:
         self.plan = plan
@@ -61,7 +110,7 @@ class SubtaskCheckpointer:
         self.report = report
         self.clock = clock
         self.backend = backend
-        self.sink = sink
+        self.sinks = sinks or {}
         self.pending = pending if pending is not None else []
         self._inflight: list[_InFlight] = []
         self._pool: ThreadPoolExecutor | None = None
@@ -77,10 +126,14 @@ class SubtaskCheckpointer:
         if alignment is not None and alignment.barrier_wall_ms:
             first_wall = min(alignment.barrier_wall_ms.values())
         start = self.clock.monotonic_ms()
-        blob = self.backend.snapshot() if self.backend is not None else None
+        capture = None
+        if self.backend is not None:  # savepoints are canonical, checkpoints may be native
+            savepoint = barrier.kind is not CheckpointKind.CHECKPOINT
+            capture = self.backend.snapshot(barrier.checkpoint_id, native=not savepoint)
         sinks: list[p.SinkTransactionModel] = []
-        if self.sink is not None:
-            sealed = self.sink.pre_commit(barrier.checkpoint_id)
+        for sink_uid, writer in self.sinks.items():  # each sink its own transaction
+            sealed = writer.pre_commit(barrier.checkpoint_id)
+            sealed = sealed.model_copy(update={"sink": sink_uid})
             self.pending.append((barrier.checkpoint_id, sealed))
             sinks = [txn for _, txn in self.pending]
             self.report.events.append(
@@ -92,37 +145,41 @@ class SubtaskCheckpointer:
                 )
             )
         sync_ms = self.clock.monotonic_ms() - start
-        fail = self.plan.injects("after_pre_commit", self.subtask)
-        if fail is not None and fail.checkpoint_id == barrier.checkpoint_id and self.sink:
+        fail = self.plan.injects("after_pre_commit", self.subtask, self.uid)
+        if fail is not None and fail.checkpoint_id == barrier.checkpoint_id and self.sinks:
             raise InjectedFailure(
                 f"injected failure in {self.uid}[{self.subtask}] after the sink pre-committed "
                 f"for checkpoint {barrier.checkpoint_id}"
             )
-        upload = None
-        if blob is not None:
+        upload = target = None
+        if capture is not None:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             assert self.backend is not None
-            kg = self.backend.key_group_range
-            upload = self._pool.submit(
-                self.plan.storage.write_state,
+            target = _SnapshotTarget(
+                self.plan.storage,
                 self.plan.job_id,
                 barrier.checkpoint_id,
-                # Tagged by job attempt and task attempt (execution contract 2).
                 f"{self.uid}-{self.subtask}-a{self.plan.attempt}-t{self.report.task_attempt}",
-                blob,
-                key_group_range=kg,
+                self.backend.key_group_range,
+                incremental=self.plan.incremental and barrier.kind is CheckpointKind.CHECKPOINT,
+                states=[
+                    p.StateDescriptorModel(name=i.name, kind=i.kind, serializer=i.serializer)
+                    for i in self.backend.state_infos.values()
+                ],
             )
+            upload = self._pool.submit(_materialize, capture, target)
         self._inflight.append(
             _InFlight(
                 barrier,
                 first_wall,
                 alignment,
                 sync_ms,
-                len(blob) if blob else 0,
+                capture.state_size if capture is not None else 0,
                 source_positions or {},
                 sinks,
                 upload,
+                target,
                 self.clock.monotonic_ms(),
             )
         )
@@ -142,7 +199,7 @@ class SubtaskCheckpointer:
         async_ms = 0.0
         if f.upload is not None:
             try:
-                handles = [f.upload.result()]
+                handles = f.upload.result()
             except StateTooLargeError as err:
                 self.report.declines.append(
                     p.CheckpointDeclined(
@@ -168,8 +225,8 @@ class SubtaskCheckpointer:
                 alignment_buffered_bytes=al.buffered_bytes if al else 0,
                 sync_duration_ms=f.sync_ms,
                 async_duration_ms=async_ms,
-                state_size=f.state_size,
-                checkpointed_size=sum(h.size for h in handles),
+                state_size=f.target.full if f.target is not None else f.state_size,
+                checkpointed_size=f.target.uploaded if f.target is not None else 0,
                 handles=handles,
                 source_positions=f.source_positions,
                 sink_transactions=f.sinks,
@@ -199,13 +256,21 @@ def _local_dir(plan: EpochPlan, uid: str, subtask: int) -> str:
     return working_state.version_dir(base, plan.job_id, uid, subtask)
 
 
+def _materialize(capture: SnapshotCapture, target: _SnapshotTarget) -> list[p.StateHandleModel]:
+    """The asynchronous part of a snapshot, on the upload thread."""
+    try:
+        return capture.materialize(target)
+    finally:
+        capture.release()
+
+
 def open_working_state(plan: EpochPlan, uid: str, subtask: int) -> working_state.WorkingState:
-    """Step 1 of every epoch: open the expected version (or start empty / from a restore).
+    """Step 1 of every epoch: open the sink's part of the expected version (or start empty).
 
     The local copy when this executor has it, else the durable copy; neither is an error
     (:class:`~sparkpoint.runtime.working_state.WorkingStateLostError`), never empty state.
     """
-    inp = plan.state_inputs[subtask]
+    inp = plan.state_input(uid, subtask)
     if inp.version is None:
         return working_state.WorkingState()
     directory = _local_dir(plan, uid, subtask)
@@ -222,21 +287,102 @@ def open_working_state(plan: EpochPlan, uid: str, subtask: int) -> working_state
     return working_state.decode(data, inp.version, where)
 
 
+def _version_store(
+    plan: EpochPlan, uid: str, subtask: int, durable_url: str | None
+) -> working_state.SubtaskVersionStore:
+    return working_state.SubtaskVersionStore(
+        local_dir=os.path.join(_local_dir(plan, uid, subtask), "keyed"),
+        storage=plan.storage,
+        job_id=plan.job_id,
+        name=f"{uid}-{subtask}",
+        durable=plan.durable_working_state,
+        durable_url=durable_url,
+    )
+
+
+def open_keyed_state(
+    plan: EpochPlan, uid: str, subtask: int, max_parallelism: int, kg_range: KeyGroupRange
+) -> KeyedStateBackend:
+    """Step 1 of a keyed subtask's epoch: restore from a checkpoint's handles, else open the
+    expected version of the working state, else start empty.
+
+    Raises:
+        WorkingStateLostError: the expected version is neither here nor stored durably.
+    """
+    inp = plan.state_input(uid, subtask)
+    store = _version_store(plan, uid, subtask, inp.backend_url)
+    if inp.handles:
+        overlapping = [
+            h
+            for h in inp.handles
+            if h.key_group_start is None
+            or h.key_group_end is None
+            or (h.key_group_start <= kg_range.end and h.key_group_end >= kg_range.start)
+        ]
+        reader = plan.restore_storage or plan.storage
+        return backends.restore_backend(
+            plan.state_backend,
+            overlapping,
+            reader,
+            max_parallelism,
+            kg_range,
+            local_dir=store.local_dir,
+            own=plan.restore_storage is None,  # a failover to this job's own checkpoint
+        )
+    if inp.version is not None:
+        backend = backends.open_version(
+            plan.state_backend, store, inp.version, max_parallelism, kg_range
+        )
+        if backend is None:
+            raise working_state.WorkingStateLostError(
+                f"keyed state version {inp.version} of {uid}[{subtask}] is not on this "
+                f"executor ({store.local_dir}) and has no durable copy; recovering from the "
+                "latest checkpoint"
+            )
+        if backend.key_group_range != kg_range:
+            raise working_state.WorkingStateLostError(
+                f"working state of {uid}[{subtask}] holds key groups "
+                f"{backend.key_group_range}, expected {kg_range}"
+            )
+        return backend
+    return backends.create_backend(
+        plan.state_backend, max_parallelism, kg_range, local_dir=store.local_dir
+    )
+
+
 def save_working_state(
-    plan: EpochPlan, uid: str, subtask: int, report: TaskReport, state: working_state.WorkingState
+    plan: EpochPlan,
+    uid: str,
+    subtask: int,
+    report: TaskReport,
+    state: working_state.WorkingState,
+    backend: KeyedStateBackend | None = None,
 ) -> None:
     """Last step of every epoch: write version v+1, tagged by who wrote it."""
     tag = f"a{plan.attempt}-e{plan.epoch}-t{report.task_attempt}"
     data = working_state.encode(tag, state)
     directory = _local_dir(plan, uid, subtask)
     working_state.save_local(directory, tag, data)
-    keep = {working_state.file_name(tag)}
-    inp = plan.state_inputs[subtask]
+    inp = plan.state_input(uid, subtask)
+    keep = {working_state.file_name(tag), "keyed"}
     if inp.version is not None:  # until the driver accepts this epoch
         keep.add(working_state.file_name(inp.version))
     working_state.prune(directory, keep)
+    durable_files: list[str] = []
     if plan.durable_working_state:
         report.state_durable_path = plan.storage.write_working_state(
             plan.job_id, f"{uid}-{subtask}", tag, data
         )
+        durable_files.append(report.state_durable_path)
+    report.state_bytes_written = len(data)
+    if backend is not None:
+        store = _version_store(plan, uid, subtask, inp.backend_url)
+        # A restored backend starts a new chain: the previous version is not its base.
+        previous = None if inp.handles else inp.version
+        saved = backend.save_version(store, tag, previous)
+        backend.prune_versions(store, {tag} | ({previous} if previous else set()))
+        report.state_backend_url = saved.durable_url
+        report.state_bytes_written += saved.bytes_written
+        durable_files.extend(saved.durable_files)
+    report.state_durable_files = tuple(durable_files)
     report.state_version = tag

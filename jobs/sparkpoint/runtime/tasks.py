@@ -1,11 +1,13 @@
 """The code that runs inside Spark tasks: source subtasks and keyed subtasks (no pyspark here).
 
-Elements that cross the key-group exchange are ``(target subtask, (channel, payload))`` with
-``payload`` a :class:`~sparkpoint.records.Batch`, a
+Elements that cross a key-group exchange are ``(target subtask, (channel, payload))`` with
+``channel`` the sending subtask and ``payload`` a :class:`~sparkpoint.records.Batch`, a
 :class:`~sparkpoint.checkpointing.barriers.CheckpointBarrier` or a
 :class:`~sparkpoint.watermarks.Watermark` (both broadcast to every target, behind every record
-the source wrote before them) or a source :class:`TaskReport` forwarded to the driver through
-the keyed task's result.
+the sender wrote before them) or a :class:`TaskReport` of an upstream subtask, forwarded to the
+driver through the results of the last stage. A keyed vertex that feeds another (chained keyed
+stages) aligns barriers on its own inputs, snapshots, and only then forwards the barrier to
+every subtask of the next stage, which aligns them again across its inputs.
 """
 
 from __future__ import annotations
@@ -19,20 +21,19 @@ import numpy as np
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import Aborted, Aligned, BarrierHandler, CheckpointBarrier
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.connectors.sinks import WriterContext
+from sparkpoint.connectors.sinks import SinkWriter, WriterContext
 from sparkpoint.errors import InjectedFailure
 from sparkpoint.functions import select_keys
-from sparkpoint.graph import JobGraph
+from sparkpoint.graph import JobGraph, KeyedVertex
 from sparkpoint.records import Batch
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.subtask import (
     SubtaskCheckpointer,
+    open_keyed_state,
     open_working_state,
     run_chain,
     save_working_state,
 )
-from sparkpoint.runtime.working_state import WorkingStateLostError
-from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import key_group_range, key_groups_of
 from sparkpoint.watermarks import (
     MAX_WATERMARK,
@@ -50,23 +51,34 @@ class TaskInfo:
     task_attempt: int
 
 
-def _sink_tail(
+def _sink_writers(
     graph: JobGraph, plan: EpochPlan, uid: str, subtask: int, info: TaskInfo, state: Any
-) -> Any:
-    assert graph.sink is not None and graph.sink_uid is not None
-    ctx = WriterContext(
-        plan.job_id, graph.sink_uid, subtask, plan.attempt, plan.epoch, info.task_attempt
-    )
-    return graph.sink.writer(ctx, state.open_txn)
+) -> dict[str, SinkWriter]:
+    """The writers of the sinks chained into vertex ``uid``, by sink uid, each continuing its
+    own open transaction."""
+    writers = {}
+    for node in graph.sinks_of(uid):
+        ctx = WriterContext(
+            plan.job_id, node.uid, subtask, plan.attempt, plan.epoch, info.task_attempt
+        )
+        writers[node.uid] = node.sink.writer(ctx, state.open_txns.get(node.uid))
+    return writers
 
 
-def _route(batch: Batch, graph: JobGraph, targets: int) -> Iterator[tuple[int, Batch]]:
-    keyed = graph.keyed
-    assert keyed is not None
+def _close_epoch(state: Any, sinks: dict[str, SinkWriter]) -> None:
+    """Keep every sink's open transaction for the next epoch."""
+    state.open_txns = {uid: writer.close_epoch() for uid, writer in sinks.items()}
+
+
+def _route(
+    batch: Batch, keyed: KeyedVertex, targets: int, input_index: int = 0
+) -> Iterator[tuple[int, Batch]]:
+    """Split ``batch`` (of input ``input_index`` of ``keyed``) by the key group of its key:
+    (target subtask, its records)."""
     if targets == 1:
         yield 0, batch
         return
-    keys = select_keys(keyed.operator.selector, batch)
+    keys = select_keys(keyed.operator.selector_for(input_index), batch)
     groups = key_groups_of(keys, keyed.max_parallelism)
     dest = (groups.astype(np.int64) * targets) // keyed.max_parallelism
     # dest < targets <= 32768: as uint16, numpy's stable sort is a radix sort (O(n)).
@@ -79,75 +91,121 @@ def _route(batch: Batch, graph: JobGraph, targets: int) -> Iterator[tuple[int, B
         offset += n
 
 
+class _Outputs:
+    """Where a subtask's records go after its chain: its sinks, the next stage's exchange."""
+
+    def __init__(
+        self,
+        graph: JobGraph,
+        uid: str,
+        subtask: int,
+        report: TaskReport,
+        sinks: dict[str, SinkWriter],
+    ) -> None:
+        self.down = graph.downstream(uid)
+        self.targets = self.down.parallelism if self.down is not None else 0
+        self.subtask = subtask
+        # This subtask's channel at the next stage (after the channels of earlier inputs).
+        self.channel = subtask + (graph.channel_offset(self.down, uid) if self.down else 0)
+        self.input_index = self.down.inputs.index(uid) if self.down else 0
+        self.report = report
+        tags = {n.uid: n.tag for n in graph.sinks_of(uid)}
+        self.sinks = [w for sink_uid, w in sinks.items() if tags[sink_uid] is None]
+        self.side_sinks = {
+            tag: [w for sink_uid, w in sinks.items() if tags[sink_uid] == tag]
+            for tag in set(tags.values()) - {None}
+        }
+
+    def records(self, batch: Batch) -> Iterator[Any]:
+        self.report.records_out += len(batch)
+        for sink in self.sinks:
+            sink.write(batch)
+        if self.down is not None and len(batch):
+            for target, part in _route(batch, self.down, self.targets, self.input_index):
+                yield target, (self.channel, part)
+
+    def side(self, outputs: dict[str, Batch]) -> None:
+        """Side outputs go to the sinks of their tag (a tag without a sink: dropped)."""
+        for tag, batch in outputs.items():
+            for sink in self.side_sinks.get(tag, ()):
+                sink.write(batch)
+
+    def broadcast(self, payload: Any) -> Iterator[Any]:
+        """A barrier or watermark to every subtask of the next stage."""
+        for target in range(self.targets):
+            yield target, (self.channel, payload)
+
+    def reports(self, reports: Iterable[TaskReport]) -> Iterator[Any]:
+        """Reports go to the driver: through the next stage, or as this task's result."""
+        for r in reports:
+            yield (self.subtask % self.targets, (self.channel, r)) if self.targets else r
+
+
 def run_source_task(
-    graph: JobGraph, plan: EpochPlan, subtask: int, info: TaskInfo, clock: Clock | None = None
+    graph: JobGraph,
+    plan: EpochPlan,
+    subtask: int,
+    info: TaskInfo,
+    clock: Clock | None = None,
+    *,
+    vertex: str | None = None,
 ) -> Iterator[Any]:
     """Read this split's range, inject the barrier at its offset, route or sink the records.
 
-    Yields exchange elements when the job has a keyed vertex, else this task's report.
+    ``vertex``: the source vertex (default: the first). Yields exchange elements when the
+    vertex feeds a keyed vertex, else this task's report.
     """
     clock = clock or SystemClock()
     started = clock.monotonic_ms()
-    rng = plan.ranges[subtask]
-    uid = graph.source.uid
+    src = graph.vertex(vertex) if vertex is not None else graph.source
+    assert not isinstance(src, KeyedVertex)
+    uid = src.uid
+    rng = plan.ranges[graph.split_offset(uid) + subtask]
+    split = rng.split - graph.split_offset(uid)  # the split's index in its own source
     report = TaskReport(uid, subtask, plan.epoch, plan.attempt, info.task_attempt)
-    keyed = graph.keyed
-    targets = keyed.parallelism if keyed is not None else 0
-    state = sink = checkpointer = None
-    if keyed is None:  # the sink is chained into the source vertex
+    state = None
+    sinks: dict[str, SinkWriter] = {}
+    if uid in graph.stateful():  # sinks are chained into the source vertex
         state = open_working_state(plan, uid, subtask)
         state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
-        sink = _sink_tail(graph, plan, uid, subtask, info, state)
+        sinks = _sink_writers(graph, plan, uid, subtask, info, state)
+    outputs = _Outputs(graph, uid, subtask, report, sinks)
     checkpointer = SubtaskCheckpointer(
-        plan, uid, subtask, report, clock, sink=sink, pending=state.pending if state else None
+        plan, uid, subtask, report, clock, sinks=sinks, pending=state.pending if state else None
     )
-    failure = plan.injects("source", subtask)
+    failure = plan.injects("source", subtask, uid, uid == graph.source.uid)
     stop = rng.end
     if failure is not None and rng.start <= failure.offset < rng.end:
         stop = failure.offset
 
-    assigner = graph.source.watermarks
+    assigner = src.watermarks
     generator = None
-    if assigner is not None and keyed is not None:
+    if assigner is not None and outputs.down is not None:
         generator = BoundedOutOfOrdernessWatermarks(
             assigner.timestamps, assigner.out_of_orderness_ms
         )
-    total = graph.source.source.total(rng.split) if generator is not None else None
+    total = src.source.total(split) if generator is not None else None
     split_ends = total is not None and rng.end >= total
     ended = False  # Watermark(MAX_WATERMARK) went out
-
-    def emit(batch: Batch) -> Iterator[Any]:
-        batch = run_chain(graph.source.chain, batch, generator)
-        report.records_out += len(batch)
-        if keyed is None:
-            assert sink is not None
-            sink.write(batch)
-            return
-        for target, part in _route(batch, graph, targets):
-            yield target, (subtask, part)
-
-    def broadcast(watermark: Watermark) -> Iterator[Any]:
-        for target in range(targets):
-            yield target, (subtask, watermark)
 
     def read(start: int, end: int) -> Iterator[Any]:
         last: Watermark | None = None
         for lo in range(start, end, plan.chunk_records):
             hi = min(end, lo + plan.chunk_records)
-            batch = graph.source.source.read(rng.split, lo, hi)
+            batch = src.source.read(split, lo, hi)
             report.records_in += len(batch)
-            yield from emit(batch)
+            yield from outputs.records(run_chain(src.chain, batch, generator))
             watermark = generator.current() if generator is not None else None
             if watermark is not None and watermark != last:
                 last = watermark
-                yield from broadcast(watermark)
+                yield from outputs.broadcast(watermark)
 
     def end_of_split() -> Iterator[Any]:
         """At the end of a bounded split: the end of event time, once."""
         nonlocal ended
         if split_ends and not ended:
             ended = True
-            yield from broadcast(Watermark(MAX_WATERMARK))
+            yield from outputs.broadcast(Watermark(MAX_WATERMARK))
 
     barrier_at = rng.barrier_offset
     if plan.barrier is not None and barrier_at is not None and barrier_at <= stop:
@@ -166,8 +224,7 @@ def run_source_task(
             )
         )
         checkpointer.on_barrier(plan.barrier, None, {rng.split_id: barrier_at})
-        for target in range(targets):
-            yield target, (subtask, plan.barrier)
+        yield from outputs.broadcast(plan.barrier)
         yield from read(barrier_at, stop)
     else:
         yield from read(rng.start, stop)
@@ -180,15 +237,11 @@ def run_source_task(
         )
     checkpointer.finish()
     report.split_end = {rng.split_id: rng.end}
-    if keyed is None:
-        assert sink is not None and state is not None
-        state.open_txn = sink.close_epoch()
+    if state is not None:
+        _close_epoch(state, sinks)
         save_working_state(plan, uid, subtask, report, state)
     report.duration_ms = clock.monotonic_ms() - started
-    if keyed is None:
-        yield report
-    else:
-        yield subtask % targets, (subtask, report)
+    yield from outputs.reports([report])
 
 
 def run_keyed_task(
@@ -198,65 +251,55 @@ def run_keyed_task(
     elements: Iterable[tuple[int, tuple[int, Any]]],
     info: TaskInfo,
     clock: Clock | None = None,
-) -> Iterator[TaskReport]:
-    """Align barriers across the source channels, run the keyed operator, sink, snapshot.
+    *,
+    vertex: str | None = None,
+) -> Iterator[Any]:
+    """Align barriers across the input channels, run the keyed operator, sink or route on,
+    snapshot. ``vertex``: the keyed vertex (default: the first).
 
     Steps: (1) open working state version v (or restore), (2) process the input through the
-    barrier handler, snapshotting on every aligned barrier, (3) flush per-epoch output and the
-    sink part, (4) write version v+1, (5) wait for uploads and acknowledge, (6) return this
-    report and the forwarded source reports.
+    barrier handler, snapshotting on every aligned barrier and then forwarding it to the next
+    stage, (3) flush per-epoch output and the sink part, (4) write version v+1, (5) wait for
+    uploads and acknowledge, (6) hand this report and the upstream ones on (to the driver, or
+    through the next stage).
     """
     clock = clock or SystemClock()
     started = clock.monotonic_ms()
-    keyed = graph.keyed
-    assert keyed is not None
+    keyed = graph.vertex(vertex) if vertex is not None else graph.keyed
+    assert isinstance(keyed, KeyedVertex)
     uid = keyed.uid
+    channels = graph.channels(keyed)
     report = TaskReport(uid, subtask, plan.epoch, plan.attempt, info.task_attempt)
     forwarded: list[TaskReport] = []
     # Step 1
     kg_range = key_group_range(subtask, keyed.parallelism, keyed.max_parallelism)
     state = open_working_state(plan, uid, subtask)
-    inp = plan.state_inputs[subtask]
-    if inp.handles:
-        reader = plan.restore_storage or plan.storage
-        blobs = [
-            reader.read_state(h)
-            for h in inp.handles
-            if h.key_group_start is None
-            or h.key_group_end is None
-            or (h.key_group_start <= kg_range.end and h.key_group_end >= kg_range.start)
-        ]
-        backend = HashMapKeyedStateBackend.restore(blobs, keyed.max_parallelism, kg_range)
-    elif state.backend is not None:
-        if state.backend.key_group_range != kg_range:
-            raise WorkingStateLostError(
-                f"working state of {uid}[{subtask}] holds key groups "
-                f"{state.backend.key_group_range}, expected {kg_range}"
-            )
-        backend = state.backend
-    else:
-        backend = HashMapKeyedStateBackend(keyed.max_parallelism, kg_range)
+    backend = open_keyed_state(plan, uid, subtask, keyed.max_parallelism, kg_range)
     state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
-    sink = _sink_tail(graph, plan, uid, subtask, info, state)
+    sinks = _sink_writers(graph, plan, uid, subtask, info, state)
+    outputs = _Outputs(graph, uid, subtask, report, sinks)
     checkpointer = SubtaskCheckpointer(
-        plan, uid, subtask, report, clock, backend=backend, sink=sink, pending=state.pending
+        plan, uid, subtask, report, clock, backend=backend, sinks=sinks, pending=state.pending
     )
     op = keyed.operator
-    valve = WatermarkValve(backend.channel_watermarks, graph.source.parallelism)
+    valve = WatermarkValve(backend.channel_watermarks, channels)
     backend.current_watermark = valve.current
     op.open(backend)
-    handler = BarrierHandler(graph.source.parallelism, plan.mode, clock)
-    fail_records = plan.injects("keyed", subtask)
-    fail_alignment = plan.injects("alignment", subtask)
+    handler = BarrierHandler(channels, plan.mode, clock)
+    first = uid == graph.keyed_vertices[0].uid
+    fail_records = plan.injects("keyed", subtask, uid, first)
+    fail_alignment = plan.injects("alignment", subtask, uid, first)
 
-    def emit(out: Batch) -> None:
-        out = run_chain(keyed.chain, out)
-        report.records_out += len(out)
-        sink.write(out)
+    def emit(out: Batch) -> Iterator[Any]:
+        outputs.side(op.take_side_outputs())
+        yield from outputs.records(run_chain(keyed.chain, out))
 
-    def process(batch: Batch) -> None:
+    starts = [graph.channel_offset(keyed, i) for i in keyed.inputs]
+
+    def process(channel: int, batch: Batch) -> Iterator[Any]:
         report.records_in += len(batch)
-        emit(op.process(batch, backend))
+        input_index = sum(1 for s in starts if s <= channel) - 1
+        yield from emit(op.process_input(input_index, batch, backend))
         if (
             fail_records is not None
             and plan.epoch >= fail_records.at_epoch
@@ -295,17 +338,18 @@ def run_keyed_task(
                         buffered_records=stats.buffered_records,
                     )
                 )
-                emit(op.flush_updates(backend))
+                yield from emit(op.flush_updates(backend))
                 checkpointer.on_barrier(out.barrier, stats)
+                yield from outputs.broadcast(out.barrier)
             elif isinstance(out, Aborted):
                 continue
             elif isinstance(out.element, Watermark):
                 advanced = valve.input(out.channel, out.element)
                 if advanced is not None:
                     backend.current_watermark = advanced
-                    emit(op.on_watermark(backend))
+                    yield from emit(op.on_watermark(backend))
             else:
-                process(out.element)  # type: ignore[arg-type]
+                yield from process(out.channel, out.element)  # type: ignore[arg-type]
         if (
             fail_alignment is not None
             and handler.pending_checkpoint_id is not None
@@ -317,15 +361,13 @@ def run_keyed_task(
             )
     handler.end_of_input()
     # Step 3
-    emit(op.flush_updates(backend))
+    yield from emit(op.flush_updates(backend))
     report.late_records_dropped = op.late_records_dropped
-    state.open_txn = sink.close_epoch()
-    state.backend = backend
+    _close_epoch(state, sinks)
     # Step 4
-    save_working_state(plan, uid, subtask, report, state)
+    save_working_state(plan, uid, subtask, report, state, backend)
     # Step 5
     checkpointer.finish()
     report.duration_ms = clock.monotonic_ms() - started
     # Step 6
-    yield report
-    yield from forwarded
+    yield from outputs.reports([report, *forwarded])

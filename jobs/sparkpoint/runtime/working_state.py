@@ -5,6 +5,11 @@ current only once it accepted the epoch (execution contract 4, as Spark's own st
 does). The version tag names the job attempt, epoch and task attempt that wrote it, so a copy
 left by a losing task attempt, or one from an older attempt, is never reused.
 
+A version has two parts. The sink's transactions (the open one and those pre-committed but not
+yet committed) are small and written whole (``<tag>.state``). The keyed state is written by
+its backend (:meth:`~sparkpoint.state.backend.KeyedStateBackend.save_version`) at a cost that
+follows what the epoch changed, through a :class:`SubtaskVersionStore`.
+
 Each version goes to the executor's local disk and, when the job keeps durable working state
 (on a cluster: by default whenever the master is not ``local``), to the checkpoint storage as
 well. A subtask that lands on an executor without the local copy reads the durable one; when
@@ -19,12 +24,12 @@ import os
 import pickle
 from dataclasses import dataclass, field
 
+from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
 from sparkpoint.protocol import SinkTransactionModel
-from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 
-_MAGIC = b"SPWS1"
+_MAGIC = b"SPWS3"
 
 
 class WorkingStateLostError(SparkpointError):
@@ -33,11 +38,34 @@ class WorkingStateLostError(SparkpointError):
 
 @dataclass
 class WorkingState:
-    """What a subtask carries from one epoch to the next."""
+    """What a subtask's sinks carry from one epoch to the next (keyed state goes through
+    its backend's own versions): each sink's open transaction by sink uid, and the
+    pre-committed transactions of every sink (each names its sink)."""
 
-    backend: HashMapKeyedStateBackend | None = None  # pickled as is: no key-group regrouping
-    open_txn: OpenTransaction | None = None
+    open_txns: dict[str, OpenTransaction] = field(default_factory=dict)
     pending: list[tuple[int, SinkTransactionModel]] = field(default_factory=list)
+
+
+@dataclass
+class SubtaskVersionStore:
+    """Where one subtask's keyed-state versions live: ``local_dir`` on this executor and,
+    when ``durable``, the job's checkpoint storage (``<job>/working/<uid>-<subtask>/``).
+    ``durable_url`` is where the durable copy of the version to open starts."""
+
+    local_dir: str
+    storage: CheckpointStorage
+    job_id: str
+    name: str
+    durable: bool
+    durable_url: str | None = None
+
+    def write_durable(self, name: str, data: bytes) -> str | None:
+        if not self.durable:
+            return None
+        return self.storage.write_working_state(self.job_id, self.name, name, data)
+
+    def read_durable(self, url: str) -> bytes | None:
+        return self.storage.read_working_state(url)
 
 
 def version_dir(local_dir: str, job_id: str, uid: str, subtask: int) -> str:

@@ -2,8 +2,8 @@
 
 As in Flink (``org.apache.flink.api.common.state``), an operator declares its state with a
 descriptor (a name and a kind) and asks the keyed state backend for it; the returned state
-object always acts on the backend's *current key*. Backends (``hashmap`` now, ``rocksdb`` later)
-implement :class:`ValueState`, :class:`ListState` and :class:`MapState`.
+object always acts on the backend's *current key*. Every backend (``hashmap``, ``rocksdb``)
+implements :class:`ValueState`, :class:`ListState` and :class:`MapState`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
@@ -31,6 +31,9 @@ class StateDescriptor:
 
     name: str
     kind: ClassVar[StateKind]
+    # How values become bytes in snapshots: a TypeSerializer or the name of one in
+    # sparkpoint.state.serializers; None is "pickle" (recorded as such).
+    serializer: Any = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -1,213 +1,197 @@
-"""The ``hashmap`` keyed state backend: working state in Python dicts, snapshots are full copies.
+"""The ``hashmap`` keyed state backend: working state in Python dicts (Flink's
+``HashMapStateBackend``).
 
-Flink's ``HashMapStateBackend``. Per state name the backend keeps one dict, key -> value (for a
-list state the value is a list, for a map state a dict), holding every key of the backend's key
-group range. :meth:`HashMapKeyedStateBackend.table` gives built-in operators raw access to that
-dict, so a count operator can update a whole batch at once instead of record by record.
+Per state the backend keeps one :class:`TrackedTable`, a dict of key -> value holding every key
+of the backend's key group range, which records the keys read or written since the last
+:meth:`HashMapKeyedStateBackend.take_changes`: the epoch's changelog
+(:mod:`sparkpoint.state.changelog`) writes only those.
 
-A snapshot groups the state by key group so that :meth:`HashMapKeyedStateBackend.restore` can
-merge the snapshots of every old subtask and keep the key groups of a new one: that is how a
-checkpoint is restored with a different parallelism. Snapshots are unpickled on restore: read
-them only from checkpoint storage you trust (its handles carry a checksum that is verified
-before the bytes get here).
-
-The snapshot format lives in :mod:`sparkpoint.state.snapshot_format` and the state objects
-that :meth:`HashMapKeyedStateBackend.get_state` returns in :mod:`sparkpoint.state.hashmap_states`.
+**Snapshots** are canonical (:mod:`sparkpoint.state.canonical`), so that the ``rocksdb``
+backend restores them too. The synchronous part takes a shallow copy of every table (a copy of
+the dicts' slots, not of their values) and turns on copy-on-write: until the asynchronous part
+has serialized the copy, the first access of a key whose value may be mutable (anything but
+an int, float, str, bytes or None: lists, dicts, sets, user objects) replaces the live value by
+a deep copy, so that in-place updates never reach the values being serialized. Copy-on-write
+stays on until every live capture is released.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import sys
-from collections.abc import Iterable
-from typing import Any, overload
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
-from sparkpoint.state.descriptors import (
-    ListState,
-    ListStateDescriptor,
-    MapState,
-    MapStateDescriptor,
-    NoCurrentKeyError,
-    StateDescriptor,
-    StateKind,
-    ValueState,
-    ValueStateDescriptor,
-)
-from sparkpoint.state.hashmap_states import NO_KEY, bind_state
-from sparkpoint.state.key_groups import (
-    KeyGroupOutOfRangeError,
-    KeyGroupRange,
-    check_max_parallelism,
-    stable_hash,
-)
-from sparkpoint.state.snapshot_format import (
-    SNAPSHOT_MAGIC,
-    SNAPSHOT_VERSION,
-    decode_snapshot,
-    encode_snapshot,
-)
-from sparkpoint.watermarks import MIN_WATERMARK, merge_channel_watermarks
+import numpy as np
 
-__all__ = ["SNAPSHOT_MAGIC", "SNAPSHOT_VERSION", "HashMapKeyedStateBackend"]
+from sparkpoint.errors import CorruptSnapshotError
+from sparkpoint.state import canonical, changelog, restoring
+from sparkpoint.state.backend import (
+    DELETED,
+    ChangeSet,
+    KeyedStateBackend,
+    SavedVersion,
+    SnapshotCapture,
+    SnapshotTarget,
+    StateInfo,
+    VersionStore,
+)
+from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
+from sparkpoint.state.snapshot_format import SNAPSHOT_MAGIC, decode_snapshot
+
+__all__ = ["HashMapKeyedStateBackend", "TrackedTable"]
 
 _SIZE_SAMPLE = 256  # entries per state that state_size() measures
+# Values that cannot change in place: never copied. Anything else (a list, a dict, a user
+# object that a value state holds and the user mutates) may, so the capture's copy is kept.
+_IMMUTABLE = (int, float, complex, str, bytes, type(None))
+_MISSING: Any = object()
+# Guards the count of live captures: a capture is taken on the task thread and released on the
+# upload thread (rare events: one lock for every backend of the process is enough).
+_CAPTURES_LOCK = threading.Lock()
 
 
-class HashMapKeyedStateBackend:
-    """Keyed state of one subtask, for the key groups in ``key_group_range``.
+class TrackedTable(dict[Any, Any]):
+    """A dict that records the keys read or written (see the module docstring)."""
 
-    Args:
-        max_parallelism: the operator's max parallelism (number of key groups).
-        key_group_range: the key groups this subtask owns.
+    __slots__ = ("cow", "touched")
 
-    Raises:
-        ConfigurationError: when the range does not fit in ``[0, max_parallelism)``.
-    """
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.touched: set[Any] = set()
+        self.cow: set[Any] | None = None  # keys copied since the last capture; None: off
+
+    def _own(self, key: Any) -> None:
+        """Copy-on-write: the first access to a mutable value after a capture copies it."""
+        cow = self.cow
+        if cow is not None and key not in cow:
+            cow.add(key)
+            value = dict.get(self, key, _MISSING)
+            if value is not _MISSING and not isinstance(value, _IMMUTABLE):
+                dict.__setitem__(self, key, copy.deepcopy(value))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.touched.add(key)
+        if self.cow is not None:
+            self._own(key)
+        return dict.get(self, key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.touched.add(key)
+        if self.cow is not None:
+            self._own(key)
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.touched.add(key)
+        cow = self.cow  # read once: the upload thread may release the capture meanwhile
+        if cow is not None:
+            cow.add(key)  # a new value: nothing shared with the capture
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self.touched.add(key)
+        dict.__delitem__(self, key)
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        self.touched.add(key)
+        return dict.pop(self, key, default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.touched.add(key)
+        if self.cow is not None:
+            self._own(key)
+        return dict.setdefault(self, key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        new = dict(*args, **kwargs)
+        self.touched.update(new)
+        cow = self.cow
+        if cow is not None:
+            cow.update(new)
+        dict.update(self, new)
+
+    def get_many(self, keys: list[Any], default: Any) -> list[Any]:
+        self.touched.update(keys)
+        if self.cow is not None:
+            for key in keys:
+                self._own(key)
+        get = dict.get
+        return [get(self, key, default) for key in keys]
+
+    def put_many(self, keys: list[Any], values: list[Any]) -> None:
+        self.touched.update(keys)
+        cow = self.cow
+        if cow is not None:
+            cow.update(keys)
+        dict.update(self, zip(keys, values, strict=True))
+
+    def __reduce__(self) -> Any:  # a plain dict when pickled: tracking is per process
+        return (dict, (dict(self),))
+
+
+class _Capture(SnapshotCapture):
+    """Shallow copies of the tables, serialized by :meth:`materialize`."""
+
+    def __init__(self, backend: HashMapKeyedStateBackend) -> None:
+        self._backend = backend
+        self._infos = dict(backend._infos)
+        self._copies = {name: dict(table) for name, table in backend._tables.items()}
+        self._watermarks = dict(backend.channel_watermarks)
+        self.state_size = backend.state_size()
+        self._released = False
+        with _CAPTURES_LOCK:
+            backend._live_captures += 1
+            for table in backend._tables.values():
+                table.cow = set()
+
+    def materialize(self, target: SnapshotTarget) -> list[Any]:
+        backend = self._backend
+        blob = canonical.encode_snapshot(
+            self._infos,
+            _entries(self._copies, backend.max_parallelism),
+            max_parallelism=backend.max_parallelism,
+            key_group_range=backend.key_group_range,
+            watermarks=self._watermarks,
+            backend=backend.name,
+        )
+        return [target.write(blob, fmt=canonical.FORMAT_ID)]
+
+    def release(self) -> None:
+        backend = self._backend
+        with _CAPTURES_LOCK:
+            if self._released:
+                return
+            self._released = True
+            self._copies = {}
+            backend._live_captures -= 1
+            if backend._live_captures == 0:  # another capture still shares values: keep copying
+                for table in backend._tables.values():
+                    table.cow = None
+
+
+class HashMapKeyedStateBackend(KeyedStateBackend):
+    """Keyed state of one subtask in dicts (see the module docstring)."""
+
+    name = "hashmap"
 
     def __init__(self, max_parallelism: int, key_group_range: KeyGroupRange) -> None:
-        self._max_parallelism = check_max_parallelism(max_parallelism)
-        if not isinstance(key_group_range, KeyGroupRange):
-            raise ConfigurationError(
-                f"key_group_range must be a KeyGroupRange, got {type(key_group_range).__name__}"
-            )
-        if key_group_range.end >= self._max_parallelism:
-            raise ConfigurationError(
-                f"key group range {key_group_range} does not fit in max_parallelism "
-                f"{self._max_parallelism} (key groups 0 to {self._max_parallelism - 1})"
-            )
-        self._key_group_range = key_group_range
-        self._kinds: dict[str, StateKind] = {}
-        self._tables: dict[str, dict[Any, Any]] = {}
-        self._current_key: Any = NO_KEY
-        self._current_key_group = -1
-        # Operator state of event time: the latest watermark of every input channel (in
-        # snapshots and working state) and the subtask's watermark, their minimum.
-        self.channel_watermarks: dict[int, int] = {}
-        self.current_watermark = MIN_WATERMARK
+        super().__init__(max_parallelism, key_group_range)
+        self._tables: dict[str, TrackedTable] = {}
+        self._live_captures = 0  # snapshot captures taken and not yet released
 
-    def __repr__(self) -> str:
-        return (
-            f"HashMapKeyedStateBackend(max_parallelism={self._max_parallelism}, "
-            f"key_group_range={self._key_group_range}, states={sorted(self._kinds)})"
-        )
+    def _create_table(self, info: StateInfo) -> None:
+        self._tables[info.name] = TrackedTable()
 
-    @property
-    def max_parallelism(self) -> int:
-        return self._max_parallelism
-
-    @property
-    def key_group_range(self) -> KeyGroupRange:
-        return self._key_group_range
-
-    @property
-    def states(self) -> dict[str, StateKind]:
-        """The registered (or restored) states: name -> kind."""
-        return dict(self._kinds)
-
-    # ------------------------------------------------------------------------- current key
-
-    def set_current_key(self, key: Any, key_group: int | None = None) -> None:
-        """Make ``key`` the key that every state object of this backend acts on.
-
-        Args:
-            key: the key (a type :func:`~sparkpoint.state.key_groups.stable_hash` accepts).
-            key_group: the key's key group when the caller has already computed it (the
-                runtime has, to route the record here); computed from ``key`` otherwise.
-
-        Raises:
-            KeyGroupOutOfRangeError: when the key's key group is not in this backend's range.
-        """
-        if key_group is None:
-            key_group = stable_hash(key) % self._max_parallelism
-        if not self._key_group_range.start <= key_group <= self._key_group_range.end:
-            raise KeyGroupOutOfRangeError(
-                f"key {key!r} is in key group {key_group}, outside the key group range "
-                f"{self._key_group_range} of this state backend "
-                f"(max_parallelism {self._max_parallelism})"
-            )
-        self._current_key = key
-        self._current_key_group = key_group
-
-    @property
-    def current_key(self) -> Any:
-        """The current key; raises :class:`NoCurrentKeyError` when none was set."""
-        if self._current_key is NO_KEY:
-            raise NoCurrentKeyError("no current key: call set_current_key(key) first")
-        return self._current_key
-
-    @property
-    def current_key_group(self) -> int:
-        """The key group of the current key."""
-        if self._current_key is NO_KEY:
-            raise NoCurrentKeyError("no current key: call set_current_key(key) first")
-        return self._current_key_group
-
-    # ------------------------------------------------------------------------- states
-
-    @overload
-    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
-
-    @overload
-    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
-
-    @overload
-    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
-
-    def get_state(self, descriptor: StateDescriptor) -> ValueState | ListState | MapState:
-        """The state ``descriptor`` names, bound to this backend's current key.
-
-        Registers the state on first use; a restored state of the same name and kind gets
-        its restored contents.
-
-        Raises:
-            ConfigurationError: when a state of that name exists with another kind.
-        """
-        table = self._register(descriptor.name, descriptor.kind)
-        return bind_state(self, descriptor, table)
-
-    def table(self, name: str) -> dict[Any, Any]:
-        """The raw dict (key -> value) of state ``name``, for vectorized operators.
-
-        Writers must only add keys of this backend's key group range; :meth:`snapshot`
-        refuses a key outside it.
-
-        Raises:
-            ConfigurationError: when no state of that name was registered or restored.
-        """
-        try:
-            return self._tables[name]
-        except KeyError:
-            known = ", ".join(sorted(self._tables)) or "none"
-            raise ConfigurationError(
-                f"no keyed state named {name!r} (registered: {known}); "
-                "call get_state(descriptor) first"
-            ) from None
-
-    def _register(self, name: str, kind: StateKind) -> dict[Any, Any]:
-        existing = self._kinds.get(name)
-        if existing is None:
-            self._kinds[name] = kind
-            self._tables[name] = {}
-        elif existing != kind:
-            raise ConfigurationError(
-                f"keyed state {name!r} is a {existing} state; it cannot be used as a {kind} state"
-            )
+    def _table(self, name: str) -> TrackedTable:
         return self._tables[name]
-
-    def _key(self, name: str) -> Any:
-        key = self._current_key
-        if key is NO_KEY:
-            raise NoCurrentKeyError(
-                f"keyed state {name!r} was accessed with no current key: keyed state is only "
-                "available in a keyed operator, after set_current_key(key)"
-            )
-        return key
 
     # ------------------------------------------------------------------------- sizes
 
     def num_keys(self) -> int:
-        """How many distinct keys have some state."""
         tables = [table for table in self._tables.values() if table]
         if len(tables) <= 1:
             return len(tables[0]) if tables else 0
@@ -217,33 +201,48 @@ class HashMapKeyedStateBackend:
         """Approximate in-memory size of the state in bytes.
 
         Measured (``sys.getsizeof`` of keys and values, one level into containers) on up to
-        256 entries per state and scaled to the number of entries, so that it is cheap to
-        report at every checkpoint.
+        256 entries per state and scaled to the number of entries.
         """
         total = 0.0
         for table in self._tables.values():
             if not table:
                 continue
-            sample = list(itertools.islice(table.items(), _SIZE_SAMPLE))
+            sample = list(itertools.islice(dict.items(table), _SIZE_SAMPLE))
             measured = sum(_sizeof(key) + _sizeof(value) for key, value in sample)
             total += measured * len(table) / len(sample)
         return round(total)
 
+    # ------------------------------------------------------------------------- export
+
+    def entries(self) -> Iterator[tuple[int, str, Any, Any]]:
+        tables = {name: dict(table) for name, table in self._tables.items()}
+        yield from _entries(tables, self.max_parallelism)
+
+    def load(self, entries: Iterable[tuple[int, str, Any, Any]]) -> None:
+        start, end = self.key_group_range.start, self.key_group_range.end
+        for key_group, name, key, value in entries:
+            if start <= key_group <= end:
+                table = self._tables[name]
+                if value is DELETED:
+                    dict.pop(table, key, None)
+                else:
+                    dict.__setitem__(table, key, value)
+
+    def take_changes(self) -> ChangeSet:
+        changes: dict[str, dict[Any, Any]] = {}
+        for name, table in self._tables.items():
+            if table.touched:
+                get = dict.get
+                changes[name] = {key: get(table, key, DELETED) for key in table.touched}
+                table.touched = set()
+        return ChangeSet(dict(self._infos), changes, dict(self.channel_watermarks))
+
     # ------------------------------------------------------------------------- snapshots
 
-    def snapshot(self) -> bytes:
-        """The synchronous part of a snapshot: a serialized copy of the state by key group.
-
-        Raises:
-            KeyGroupOutOfRangeError: when a raw table holds a key of another key group range.
-        """
-        return encode_snapshot(
-            self._tables,
-            self._kinds,
-            self._max_parallelism,
-            self._key_group_range,
-            self.channel_watermarks,
-        )
+    def snapshot(self, checkpoint_id: int, *, native: bool) -> SnapshotCapture:
+        """The synchronous part: shallow copies, then copy-on-write (``native`` is the same
+        canonical format: a heap has no format of its own)."""
+        return _Capture(self)
 
     @classmethod
     def restore(
@@ -252,70 +251,85 @@ class HashMapKeyedStateBackend:
         max_parallelism: int,
         key_group_range: KeyGroupRange,
     ) -> HashMapKeyedStateBackend:
-        """A backend for ``key_group_range`` holding the state of those key groups in ``blobs``.
-
-        ``blobs`` are the snapshots of every subtask of the operator (any old parallelism):
-
-        1. check each blob's header and decode it;
-        2. check that it was taken with the same max parallelism;
-        3. register its states (name and kind);
-        4. merge the key groups that lie in ``key_group_range``, skip the others;
-        5. merge the channel watermarks (per channel the minimum over the blobs).
+        """A backend for ``key_group_range`` holding the state of those key groups in
+        ``blobs``: canonical snapshots, or legacy pickled ones (``SPKS``) of earlier versions.
 
         Raises:
-            CorruptSnapshotError: a wrong magic, version or structure, a key group outside the
-                blob's own range, or one key group in two blobs.
-            ConfigurationError: a blob taken with another max parallelism, or
-                ``key_group_range`` outside ``[0, max_parallelism)``.
+            CorruptSnapshotError: a damaged blob, or one key group in two blobs.
+            ConfigurationError: a blob taken with another max parallelism.
         """
-        backend = cls(max_parallelism, key_group_range)
-        start, end = key_group_range.start, key_group_range.end
-        owner: dict[int, int] = {}  # key group -> index of the blob it came from
-        watermarks: list[dict[int, int]] = []
+        merge = restoring.SnapshotMerge(cls(max_parallelism, key_group_range))
         for index, blob in enumerate(blobs):
-            # Step 1: header and structure.
-            payload = decode_snapshot(blob, index)
-            # Step 2: max parallelism.
-            if payload["max_parallelism"] != backend._max_parallelism:
-                raise ConfigurationError(
-                    f"snapshot {index} was taken with max_parallelism "
-                    f"{payload['max_parallelism']}; it cannot be restored with max_parallelism "
-                    f"{backend._max_parallelism} (every key would change key group)"
-                )
-            # Step 3: states.
-            states: dict[str, StateKind] = payload["states"]
-            for name, kind in states.items():
-                try:
-                    backend._register(name, kind)
-                except ConfigurationError as err:
-                    raise CorruptSnapshotError(f"snapshot {index}: {err}") from err
-            # Step 4: the key groups of the new range.
-            blob_start, blob_end = payload["key_group_range"]
-            for key_group, by_state in payload["groups"].items():
-                if not blob_start <= key_group <= blob_end:
-                    raise CorruptSnapshotError(
-                        f"snapshot {index} of key group range [{blob_start}, {blob_end}] "
-                        f"holds key group {key_group}"
-                    )
-                if not start <= key_group <= end:
-                    continue
-                if key_group in owner:
-                    raise CorruptSnapshotError(
-                        f"key group {key_group} is in snapshots {owner[key_group]} and {index}; "
-                        "the snapshots of one checkpoint have disjoint key group ranges"
-                    )
-                owner[key_group] = index
-                for name, entries in by_state.items():
-                    if name not in states or not isinstance(entries, dict):
-                        raise CorruptSnapshotError(
-                            f"snapshot {index}: key group {key_group} holds undeclared or "
-                            f"malformed state {name!r}"
-                        )
-                    backend._tables[name].update(entries)
-            # Step 5: event time.
-            watermarks.append(payload.get("watermarks", {}))
-        backend.channel_watermarks = merge_channel_watermarks(watermarks)
+            if bytes(blob[: len(SNAPSHOT_MAGIC)]) == SNAPSHOT_MAGIC:
+                _load_legacy(merge, decode_snapshot(blob, index), index)
+            else:
+                merge.add(canonical.decode_snapshot(blob, f"snapshot {index}"), index)
+        backend = merge.finish()
+        assert isinstance(backend, HashMapKeyedStateBackend)
         return backend
+
+    # ------------------------------------------------------------------------- versions
+
+    def save_version(self, store: VersionStore, tag: str, previous: str | None) -> SavedVersion:
+        return changelog.save(self, store, tag, previous)
+
+    @classmethod
+    def open_version(
+        cls, store: VersionStore, tag: str, max_parallelism: int, key_group_range: KeyGroupRange
+    ) -> HashMapKeyedStateBackend | None:
+        backend = cls(max_parallelism, key_group_range)
+        live = changelog.open_version(backend, store, tag)
+        assert live is None or isinstance(live, HashMapKeyedStateBackend)
+        return live
+
+    def prune_versions(self, store: VersionStore, keep: set[str]) -> None:
+        changelog.prune(store, keep)
+
+
+def _entries(tables: dict[str, dict[Any, Any]], max_parallelism: int) -> Iterable[Any]:
+    """``(key group, state, key, value)`` of every entry of ``tables``, as columns that the
+    canonical encoding takes whole."""
+    return canonical.EntryColumns(
+        tables, functools.partial(_key_groups, max_parallelism=max_parallelism)
+    )
+
+
+def _key_groups(keys: list[Any], max_parallelism: int) -> list[int]:
+    """The key group of every key: ints, strs and bytes at once (numpy), others one by one."""
+    types = set(map(type, keys))
+    if types <= {int, bool} or types == {str} or types == {bytes}:
+        array = np.fromiter(keys, dtype=object, count=len(keys))
+        return key_groups_of(array, max_parallelism).tolist()
+    return [stable_hash(key) % max_parallelism for key in keys]
+
+
+def _load_legacy(merge: restoring.SnapshotMerge, payload: dict[str, Any], index: int) -> None:
+    """A pickled snapshot of an earlier version (format ``SPKS`` 1): states by key group."""
+    backend = merge.backend
+    assert isinstance(backend, HashMapKeyedStateBackend)
+    restoring.check_max_parallelism(payload["max_parallelism"], backend.max_parallelism, index)
+    states = payload["states"]
+    for name, kind in states.items():
+        restoring.register(backend, StateInfo(name, kind, "pickle"), index)
+    start, end = backend.key_group_range.start, backend.key_group_range.end
+    blob_start, blob_end = payload["key_group_range"]
+    for key_group, by_state in payload["groups"].items():
+        if not blob_start <= key_group <= blob_end:
+            raise CorruptSnapshotError(
+                f"snapshot {index} of key group range [{blob_start}, {blob_end}] "
+                f"holds key group {key_group}"
+            )
+        if not start <= key_group <= end:
+            continue
+        merge.claim(key_group, index)
+        for name, entries in by_state.items():
+            if name not in states or not isinstance(entries, dict):
+                raise CorruptSnapshotError(
+                    f"snapshot {index}: key group {key_group} holds undeclared or "
+                    f"malformed state {name!r}"
+                )
+            dict.update(backend._tables[name], entries)
+    merge.add_watermarks(payload.get("watermarks", {}))
 
 
 def _sizeof(value: Any) -> int:

@@ -1,14 +1,15 @@
-"""The state objects of the ``hashmap`` keyed state backend: value, list and map state on dicts.
+"""The state objects of every keyed state backend: value, list and map state on a table.
 
-Each object is bound to one state's dict (key -> value; for a list state the value is a list,
-for a map state a dict) and always acts on its backend's current key, which it asks the
-:class:`~sparkpoint.state.hashmap.HashMapKeyedStateBackend` for on every access.
-:func:`bind_state` makes the object a state descriptor asks for.
+Each object is bound to one state's :class:`~sparkpoint.state.backend.StateTable` (key ->
+value; for a list state the value is a list, for a map state a dict) and always acts on its
+backend's current key, which it asks the
+:class:`~sparkpoint.state.backend.KeyedStateBackend` for on every access. Values are mutated
+in place: a table counts every key it was asked for as changed. :func:`bind_state` makes the
+object a state descriptor asks for.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -24,22 +25,13 @@ from sparkpoint.state.descriptors import (
 )
 
 if TYPE_CHECKING:
-    from sparkpoint.state.hashmap import HashMapKeyedStateBackend
+    from sparkpoint.state.backend import KeyedStateBackend, StateTable
 
-
-class _NoKey(enum.Enum):
-    """Markers that survive pickling as the same objects (``object()`` would not)."""
-
-    NO_KEY = 0
-    MISSING = 1  # a missing value, for dict.get
-
-
-NO_KEY = _NoKey.NO_KEY  # the backend's current key when none was set
-_MISSING = _NoKey.MISSING
+_MISSING: Any = object()  # a missing value, for table.get
 
 
 def bind_state(
-    backend: HashMapKeyedStateBackend, descriptor: StateDescriptor, table: dict[Any, Any]
+    backend: KeyedStateBackend, descriptor: StateDescriptor, table: StateTable
 ) -> ValueState | ListState | MapState:
     """The state object for ``descriptor`` on ``table``, the state's dict in ``backend``.
 
@@ -47,18 +39,18 @@ def bind_state(
         ConfigurationError: for a descriptor of no known kind.
     """
     if isinstance(descriptor, ValueStateDescriptor):
-        return _HashMapValueState(backend, descriptor, table)
+        return _TableValueState(backend, descriptor, table)
     if isinstance(descriptor, ListStateDescriptor):
-        return _HashMapListState(backend, descriptor.name, table)
+        return _TableListState(backend, descriptor.name, table)
     if isinstance(descriptor, MapStateDescriptor):
-        return _HashMapMapState(backend, descriptor.name, table)
+        return _TableMapState(backend, descriptor.name, table)
     raise ConfigurationError(f"unsupported state descriptor {type(descriptor).__name__}")
 
 
-class _HashMapState:
+class _TableState:
     __slots__ = ("_backend", "_name", "_table")
 
-    def __init__(self, backend: HashMapKeyedStateBackend, name: str, table: dict[Any, Any]):
+    def __init__(self, backend: KeyedStateBackend, name: str, table: StateTable):
         self._backend = backend
         self._name = name
         self._table = table
@@ -70,14 +62,14 @@ class _HashMapState:
         self._table.pop(self._backend._key(self._name), None)
 
 
-class _HashMapValueState(_HashMapState, ValueState):
+class _TableValueState(_TableState, ValueState):
     __slots__ = ("_descriptor",)
 
     def __init__(
         self,
-        backend: HashMapKeyedStateBackend,
+        backend: KeyedStateBackend,
         descriptor: ValueStateDescriptor,
-        table: dict[Any, Any],
+        table: StateTable,
     ) -> None:
         super().__init__(backend, descriptor.name, table)
         self._descriptor = descriptor
@@ -94,7 +86,7 @@ class _HashMapValueState(_HashMapState, ValueState):
             self._table[key] = value
 
 
-class _HashMapListState(_HashMapState, ListState):
+class _TableListState(_TableState, ListState):
     __slots__ = ()
 
     def get(self) -> list[Any]:
@@ -128,7 +120,7 @@ class _HashMapListState(_HashMapState, ListState):
             self._table.pop(key, None)
 
 
-class _HashMapMapState(_HashMapState, MapState):
+class _TableMapState(_TableState, MapState):
     __slots__ = ()
 
     def _map(self) -> dict[Any, Any] | None:

@@ -1,0 +1,177 @@
+"""The vocabulary of the wire protocol: Flink's status names, bounded field types, the base model.
+
+:mod:`sparkpoint.protocol` builds its events and commands from these and re-exports the status
+enums and the state handle models, so that ``protocol.JobStatus`` and
+``protocol_types.JobStatus`` are one class.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from sparkpoint.limits import (
+    MAX_INT,
+    MAX_JOB_ID_LENGTH,
+    MAX_LONG,
+    MAX_NAME_LENGTH,
+    MAX_PARALLELISM,
+    MIN_INT,
+    MIN_LONG,
+    cut_text,
+)
+
+
+class JobStatus(str, enum.Enum):
+    """Flink's job statuses, with the same names in every part of the product."""
+
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    FAILING = "FAILING"
+    RESTARTING = "RESTARTING"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELED = "CANCELED"
+    FINISHED = "FINISHED"
+
+
+class CheckpointStatus(str, enum.Enum):
+    """Flink's checkpoint statuses."""
+
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class CheckpointKind(str, enum.Enum):
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+class CheckpointingMode(str, enum.Enum):
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+class ProtocolModel(BaseModel):
+    """The base of every event and command: unknown fields ignored, frozen, finite numbers."""
+
+    # No NaN or infinity: the database and the REST API's JSON cannot hold them.
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, use_enum_values=False, allow_inf_nan=False
+    )
+
+
+# The bounds of the numbers in messages (see ``sparkpoint.limits``).
+CheckpointId = Annotated[int, Field(ge=1, le=MAX_INT)]
+Epoch = Annotated[int, Field(ge=MIN_INT, le=MAX_INT)]
+Long = Annotated[int, Field(ge=MIN_LONG, le=MAX_LONG)]  # timestamps, positions
+Size = Annotated[int, Field(ge=0, le=MAX_LONG)]  # bytes, records, offsets, lag
+Index = Annotated[int, Field(ge=0, lt=MAX_PARALLELISM)]  # subtasks, channels, key groups
+Parallelism = Annotated[int, Field(ge=1, le=MAX_PARALLELISM)]
+Text = Annotated[str, AfterValidator(cut_text)]  # causes and reasons, cut when very long
+Name = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]  # job names, operator uids, Spark ids
+Nonce = Annotated[str, Field(max_length=MAX_JOB_ID_LENGTH)]  # a driver process's incarnation
+
+
+# The keys of a registration's ``config`` that the control plane reads, and their types (None
+# is always allowed: the default); other keys are kept as they are.
+_CONFIG_TYPES: dict[str, type] = {
+    **dict.fromkeys(
+        ("mode", "checkpoint_storage", "checkpoint_dir", "from_checkpoint", "state_backend"), str
+    ),
+    **dict.fromkeys(
+        (
+            "interval_ms",
+            "timeout_ms",
+            "min_pause_ms",
+            "max_concurrent",
+            "tolerable_failures",
+            "retained",
+            "max_parallelism",
+            "max_inline_state_bytes",
+        ),
+        int,
+    ),
+    "restart_strategy": dict,  # Flink's keys -> str, int or float
+}
+
+
+def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A registration's configuration whose known keys have the types they are read as (their
+    values are checked by the control plane, which refuses a job it cannot run and says why)."""
+    for key, expected in _CONFIG_TYPES.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise ValueError(f"{key} is a {type(value).__name__}, not a {expected.__name__}")
+        if isinstance(value, dict):  # restart_strategy
+            for option, setting in value.items():
+                if not isinstance(setting, (str, int, float)):
+                    raise ValueError(f"restart_strategy option {option!r} is not a scalar")
+    return config
+
+
+# ----------------------------------------------------------------------------- state handles
+
+
+class SharedFileModel(ProtocolModel):
+    """A file in the job's ``shared/`` directory that a checkpoint references (incremental
+    state: uploaded once, referenced by every later checkpoint that still needs it)."""
+
+    path: str
+    size: Size
+    checksum: str  # "sha256:<hex>"
+
+
+class StateDescriptorModel(ProtocolModel):
+    """A keyed state a snapshot holds: its name, kind and the serializer of its values (what a
+    restore needs to read it, recorded in ``_metadata`` beside the handle)."""
+
+    name: Name
+    kind: Name  # "value", "list" or "map"
+    serializer: Name  # a name in sparkpoint.state.serializers, e.g. "pickle"
+
+
+class StateHandleModel(ProtocolModel):
+    """Where a piece of snapshot state lives: a path (or inline bytes), its size and checksum.
+
+    ``format`` None is the legacy (pre-``format``) key-group snapshot. A native snapshot
+    (``"rocksdb-native-v1"``) has as ``path`` a small JSON manifest listing its files, and in
+    ``shared`` every file of the job's ``shared/`` directory it references, new or reused:
+    what keeps those files alive (:meth:`~sparkpoint.checkpointing.storage_base.
+    CheckpointStorage.discard`).
+    """
+
+    path: str | None = None
+    inline: str | None = None  # base64, for jobmanager (inline) checkpoint storage
+    size: Size
+    checksum: str  # "sha256:<hex>"
+    key_group_start: Index | None = None
+    key_group_end: Index | None = None  # inclusive
+    format: str | None = None  # "sparkpoint-keyed-state-v1", "rocksdb-native-v1"; None: legacy
+    shared: list[SharedFileModel] = []
+    states: list[StateDescriptorModel] = []  # the keyed states in this snapshot
+
+    @property
+    def is_native(self) -> bool:
+        """Whether this is a state backend's own format (RocksDB files), not canonical."""
+        return (self.format or "").startswith("rocksdb")
+
+
+#: At most this many executors in one ``heartbeat`` (the active first, then the latest lost).
+MAX_EXECUTORS = 64
+
+
+class ExecutorModel(ProtocolModel):
+    """One Spark executor of the job's application and its host (Spark's ``ExecutorSummary``);
+    a removed one keeps Spark's reason (``worker lost: ...``)."""
+
+    executor_id: Name
+    host: Name
+    cores: int = Field(ge=0, le=1 << 16)
+    active: bool
+    remove_reason: Text | None = None

@@ -1,0 +1,439 @@
+"""How canonical snapshot bodies are written and read: column-wise, and entry by entry.
+
+The fast path of :mod:`sparkpoint.state.canonical`: :func:`encode_body` and
+:func:`block_columns` / :func:`decode_columns` do the work on whole columns (the keys of a
+state encoded at once, one numpy sort of every entry, one ``msgpack`` call per key group) and
+give up -- return None -- on anything they do not take and on any error. The caller then runs
+the reference code (:func:`reference_body`, :func:`encoded_entries`; for reading,
+``CanonicalSnapshot._block``), which goes entry by entry as the format was first written and
+names the first problem: the bytes written and the errors raised are always the reference's."""
+
+from __future__ import annotations
+
+import operator
+import pickle
+import struct
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice, repeat
+from operator import itemgetter
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.state.backend import DELETED, StateInfo
+from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange
+from sparkpoint.state.serializers import (
+    Float64Serializer,
+    Int64Serializer,
+    PickleSerializer,
+    TypeSerializer,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+)
+
+#: A raw entry: (key group, state name, key bytes, value bytes or None for a tombstone).
+RawEntry = tuple[int, str, bytes, bytes | None]
+#: ``(blocks, key group table, entries per state, bytes per state)`` of a body.
+Body = tuple[list[bytes], list[list[int]], list[int], list[int]]
+
+_NONE_TYPE = type(None)
+# A numpy sort of the encoded keys takes a fixed-width copy of them: up to this many bytes.
+_SORT_COPY_LIMIT = 256 << 20
+# Serializers of 8-byte values: their struct format and numpy dtype.
+_FIXED = {Int64Serializer: ("<q", "<i8"), Float64Serializer: ("<d", "<f8")}
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+class EntryColumns:
+    """The entries of dict-like tables as columns, for :func:`encode_body` to take whole.
+
+    Iterating gives ``(key group, state, key, value)`` like any entries, state by state;
+    ``key_groups`` computes the key group of every key of a table (a list) at once.
+    """
+
+    def __init__(
+        self,
+        tables: Mapping[str, Mapping[Any, Any]],
+        key_groups: Callable[[list[Any]], list[int]],
+    ) -> None:
+        self._tables = {name: table for name, table in tables.items() if table}
+        self._key_groups = key_groups
+
+    def __iter__(self) -> Iterator[tuple[int, str, Any, Any]]:
+        for name, table in self._tables.items():
+            keys = list(table)
+            groups = self._key_groups(keys)
+            yield from zip(groups, repeat(name), keys, table.values(), strict=False)
+
+    def columns(self) -> tuple[list[int], list[str], list[Any], list[Any]]:
+        """Key groups, state names, keys and values, in the order of iteration."""
+        key_groups: list[int] = []
+        names: list[str] = []
+        keys: list[Any] = []
+        values: list[Any] = []
+        for name, table in self._tables.items():
+            table_keys = list(table)
+            key_groups.extend(self._key_groups(table_keys))
+            names.extend([name] * len(table_keys))
+            keys.extend(table_keys)
+            values.extend(table.values())
+        return key_groups, names, keys, values
+
+
+def encode_body(
+    codecs: dict[str, tuple[str, TypeSerializer]],
+    names: list[str],
+    entries: Sequence[Any] | EntryColumns,
+    start: int,
+    end: int,
+    *,
+    changelog: bool,
+    encoded: bool,
+) -> Body | None:
+    """The blocks of ``entries`` (``(key group, state, key, value)``; already bytes when
+    ``encoded``, a tombstone being None, else objects, a tombstone being ``DELETED``), or None
+    when the reference code must write them (an unusual entry, or any error)."""
+    try:
+        return _encode_body(codecs, names, entries, start, end, changelog, encoded)
+    except Exception:  # the reference path raises the error, naming the entry
+        return None
+
+
+def _encode_body(
+    codecs: dict[str, tuple[str, TypeSerializer]],
+    names: list[str],
+    entries: Sequence[Any] | EntryColumns,
+    start: int,
+    end: int,
+    changelog: bool,
+    encoded: bool,
+) -> Body | None:
+    # Step 1: columns, checked: int key groups in the range, known states.
+    if isinstance(entries, EntryColumns):
+        kgs, state_names, keys, values = entries.columns()
+    else:
+        if set(map(len, entries)) != {4}:
+            return None
+        kgs, state_names, keys, values = (list(map(itemgetter(i), entries)) for i in range(4))
+    n = len(kgs)
+    if n == 0:
+        return None
+    if set(map(type, kgs)) != {int}:
+        return None
+    kg = np.array(kgs, dtype=np.int64)
+    if kg.min() < start or kg.max() > end:
+        return None
+    index = {name: i for i, name in enumerate(names)}
+    present = set(state_names)
+    if not present <= index.keys():
+        return None
+    # Step 2: entries by state (stable), each state's keys and values encoded at once.
+    if len(present) == 1:
+        si = np.full(n, index[next(iter(present))], dtype=np.int64)
+    else:
+        si = np.fromiter(map(index.__getitem__, state_names), dtype=np.int64, count=n)
+        by_state = np.argsort(si, kind="stable")
+        kg, si, positions = kg[by_state], si[by_state], by_state.tolist()
+        keys = list(map(keys.__getitem__, positions))
+        values = list(map(values.__getitem__, positions))
+    key_bytes: list[bytes] = []
+    value_bytes: list[Any] = []  # bytes, None for a tombstone
+    bounds = np.flatnonzero(np.diff(si)) + 1
+    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), n], strict=True):
+        kind, serializer = codecs[names[int(si[a])]]
+        part_keys, part_values = keys[a:b], values[a:b]
+        if encoded:
+            if set(map(type, part_keys)) != {bytes}:
+                return None
+            if not set(map(type, part_values)) <= {bytes, _NONE_TYPE}:
+                return None
+            key_bytes.extend(part_keys)
+            value_bytes.extend(part_values)
+        else:
+            key_bytes.extend(encode_keys(part_keys))
+            value_bytes.extend(encode_values(kind, serializer, part_values))
+    tombstones = None in set(map(type, value_bytes))
+    if tombstones and not changelog:
+        return None
+    # Step 3: sort by key group, state, key bytes; equal neighbours (a key twice) give up.
+    key_lengths = np.fromiter(map(len, key_bytes), dtype=np.int64, count=n)
+    order = _order(kg, si, key_bytes, key_lengths)
+    if order is None:
+        return None
+    # Step 4: counts and bytes per state, one msgpack array per key group (the rows of a
+    # block are made for it and dropped after it: a million live tuples slow the collector).
+    value_lengths = np.fromiter(
+        (0 if v is None else len(v) for v in value_bytes) if tombstones else map(len, value_bytes),
+        dtype=np.int64,
+        count=n,
+    )
+    counts = np.bincount(si, minlength=len(names)).tolist()
+    weights = key_lengths + value_lengths
+    sizes = [round(s) for s in np.bincount(si, weights=weights, minlength=len(names))]
+    kg, si = kg[order], si[order]
+    positions = order.tolist()
+    state_of = si.tolist()
+    blocks: list[bytes] = []
+    table: list[list[int]] = []
+    offset = 0
+    cuts = (np.flatnonzero(np.diff(kg)) + 1).tolist()
+    packb = msgpack.packb
+    for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+        # itemgetter(*positions): the fastest gather of scattered objects (a cache miss each).
+        gather = itemgetter(*positions[a:b]) if b - a > 1 else _one(positions[a])
+        rows = list(zip(state_of[a:b], gather(key_bytes), gather(value_bytes), strict=True))
+        block = packb(rows, use_bin_type=True)
+        blocks.append(block)
+        table.append([int(kg[a]), offset, len(block), b - a])
+        offset += len(block)
+    return blocks, table, counts, sizes
+
+
+def _one(position: int) -> Callable[[list[Any]], tuple[Any]]:
+    return lambda items: (items[position],)
+
+
+def _order(
+    kg: np.ndarray, si: np.ndarray, key_bytes: list[bytes], lengths: np.ndarray
+) -> np.ndarray | None:
+    """The permutation that sorts by (key group, state, key bytes), None when two
+    neighbours tie (a key twice, or keys that differ only in trailing zero bytes, which a
+    numpy bytes array does not tell apart: the reference code sorts those)."""
+    width = max(int(lengths.max()), 1)
+    if width * len(key_bytes) <= _SORT_COPY_LIMIT:
+        fixed = np.array(key_bytes, dtype=f"S{width}")
+        order = np.lexsort((fixed, si, kg))
+        fixed, kg, si = fixed[order], kg[order], si[order]
+        tie = (fixed[1:] == fixed[:-1]) & (si[1:] == si[:-1]) & (kg[1:] == kg[:-1])
+        return None if tie.any() else order
+    triples = list(zip(kg.tolist(), si.tolist(), key_bytes, strict=True))
+    positions = sorted(range(len(triples)), key=triples.__getitem__)
+    ordered = list(map(triples.__getitem__, positions))
+    if any(map(operator.eq, ordered, islice(ordered, 1, None))):
+        return None
+    return np.array(positions, dtype=np.int64)
+
+
+def encode_keys(keys: Sequence[Any]) -> list[bytes]:
+    """:func:`~sparkpoint.state.serializers.encode_key` of every key (str keys at once)."""
+    types = set(map(type, keys))
+    if types == {str}:
+        return [b"\x03" + key.encode("utf-8", "surrogatepass") for key in keys]
+    if types == {bytes}:
+        return [b"\x04" + key for key in keys]
+    return list(map(encode_key, keys))
+
+
+def encode_values(kind: str, serializer: TypeSerializer, values: Sequence[Any]) -> list[Any]:
+    """:func:`~sparkpoint.state.serializers.encode_value` of every value, None for a
+    ``DELETED`` one."""
+    if any(map(operator.is_, values, repeat(DELETED))):
+        return [None if v is DELETED else encode_value(kind, serializer, v) for v in values]
+    if kind != "value":
+        return [encode_value(kind, serializer, v) for v in values]
+    if type(serializer) is PickleSerializer:
+        return list(map(pickle.dumps, values, repeat(5)))
+    fixed = _FIXED.get(type(serializer))
+    if fixed is not None:
+        return list(map(struct.Struct(fixed[0]).pack, values))
+    return list(map(serializer.serialize, values))
+
+
+# ----------------------------------------------------------------------------- reference
+# Entry by entry, as the format was first written: what the column-wise path falls back on.
+
+
+def listed_entries(entries: Iterable[Any], reference: Callable[[list[Any]], Any]) -> list[Any]:
+    """``entries`` as a list; when iterating them fails, the entries before the failure go
+    through ``reference`` first, so that a problem among them is named as it was found
+    entry by entry."""
+    listed: list[Any] = []
+    try:
+        listed.extend(entries)
+    except Exception:
+        reference(listed)
+        raise
+    return listed
+
+
+def encoded_entries(
+    codecs: dict[str, tuple[str, TypeSerializer]],
+    states: Mapping[str, StateInfo],
+    entries: Iterable[tuple[int, str, Any, Any]],
+) -> Iterator[RawEntry]:
+    """The reference encoding of ``entries``, one by one, naming the first that fails."""
+    for key_group, name, key, value in entries:
+        codec = codecs.get(name)
+        if codec is None:
+            raise unknown_state(name, states)
+        if value is DELETED:
+            yield key_group, name, encode_key(key), None
+            continue
+        kind, serializer = codec
+        try:
+            data = encode_value(kind, serializer, value)
+        except Exception as err:
+            raise ConfigurationError(
+                f"the value of key {key!r} of keyed state {name!r} cannot be written with "
+                f"serializer {serializer.name!r}: {err!r}"
+            ) from err
+        yield key_group, name, encode_key(key), data
+
+
+def reference_body(
+    states: Mapping[str, StateInfo],
+    names: list[str],
+    raw_entries: Iterable[tuple[int, str, bytes, bytes | None]],
+    key_group_range: KeyGroupRange,
+    max_parallelism: int,
+    changelog: bool,
+) -> Body:
+    """The reference encoding of the body, entry by entry, naming the first problem."""
+    index = {name: i for i, name in enumerate(names)}
+    start, end = key_group_range.start, key_group_range.end
+    # Step 1: bucket the entries by key group.
+    groups: dict[int, list[list[Any]]] = {}
+    for key_group, name, key, value in raw_entries:
+        state_index = index.get(name)
+        if state_index is None:
+            raise unknown_state(name, states)
+        if not start <= key_group <= end:
+            raise KeyGroupOutOfRangeError(
+                f"keyed state {name!r} holds key {key_repr(key)} of key group {key_group}, "
+                f"outside the key group range {key_group_range} of the snapshot "
+                f"(max_parallelism {max_parallelism})"
+            )
+        if value is None and not changelog:
+            raise ConfigurationError(
+                f"keyed state {name!r} has a deleted entry (key {key_repr(key)}) in a full "
+                "snapshot: tombstones are only allowed in changelogs (changelog=True)"
+            )
+        entry = [state_index, bytes(key), None if value is None else bytes(value)]
+        groups.setdefault(key_group, []).append(entry)
+    # Step 2: one sorted block per key group; count entries and bytes per state.
+    counts = [0] * len(names)
+    sizes = [0] * len(names)
+    blocks: list[bytes] = []
+    table: list[list[int]] = []
+    offset = 0
+    for key_group in sorted(groups):
+        block_entries = groups[key_group]
+        block_entries.sort(key=lambda e: (e[0], e[1]))
+        previous: tuple[int, bytes] | None = None
+        for state_index, key, value in block_entries:
+            if previous == (state_index, key):
+                raise ConfigurationError(
+                    f"keyed state {names[state_index]!r} has key {key_repr(key)} twice in "
+                    f"key group {key_group} of one snapshot"
+                )
+            previous = (state_index, key)
+            counts[state_index] += 1
+            sizes[state_index] += len(key) + (0 if value is None else len(value))
+        block = msgpack.packb(block_entries, use_bin_type=True)
+        blocks.append(block)
+        table.append([key_group, offset, len(block), len(block_entries)])
+        offset += len(block)
+    return blocks, table, counts, sizes
+
+
+def unknown_state(name: str, states: Mapping[str, StateInfo]) -> ConfigurationError:
+    known = ", ".join(sorted(states)) or "none"
+    return ConfigurationError(
+        f"an entry of keyed state {name!r}, not a state of the snapshot (its states: {known})"
+    )
+
+
+def key_repr(key: Any) -> str:
+    """A key for a message: decoded when it is encode_key bytes that decode."""
+    if isinstance(key, bytes | bytearray | memoryview):
+        try:
+            return repr(decode_key(bytes(key)))
+        except Exception:
+            return f"(encoded) {bytes(key)!r}"
+    return repr(key)
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def block_columns(
+    block: memoryview, count: int, state_count: int, changelog: bool
+) -> tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes | None, ...]] | None:
+    """The state indices, keys and values of a block whose structure is right, else None
+    (the reference code then names what is wrong)."""
+    try:
+        items = msgpack.unpackb(block, raw=False, use_list=False)
+    except Exception:
+        return None
+    if type(items) is not tuple or len(items) != count or not items:
+        return None
+    if set(map(type, items)) != {tuple} or set(map(len, items)) != {3}:
+        return None
+    # Columns by itemgetter, not zip(*items): that makes an iterator per entry, for the collector.
+    sis, keys, values = (tuple(map(itemgetter(i), items)) for i in range(3))
+    if set(map(type, sis)) != {int} or min(sis) < 0 or max(sis) >= state_count:
+        return None
+    if set(map(type, keys)) != {bytes}:
+        return None
+    value_types = set(map(type, values))
+    if not value_types <= {bytes, _NONE_TYPE} or (_NONE_TYPE in value_types and not changelog):
+        return None
+    if min(sis) == max(sis):
+        ordered = all(map(operator.lt, keys, islice(keys, 1, None)))
+    else:
+        pairs = list(zip(sis, keys, strict=True))
+        ordered = all(map(operator.lt, pairs, islice(pairs, 1, None)))
+    return (sis, keys, values) if ordered else None
+
+
+def decode_columns(
+    sis: tuple[int, ...],
+    keys: tuple[bytes, ...],
+    values: tuple[bytes | None, ...],
+    codecs: Sequence[tuple[str, str, TypeSerializer]],
+) -> list[tuple[str, list[Any], list[Any]]] | None:
+    """Per run of one state (``codecs[state index]`` is ``(name, kind, serializer)``): its
+    name, decoded keys and values (``DELETED`` for a tombstone); None on any error."""
+    runs: list[tuple[str, list[Any], list[Any]]] = []
+    try:
+        a = 0
+        while a < len(sis):
+            state = sis[a]
+            b = bisect_left(sis, state + 1, a)
+            name, kind, serializer = codecs[state]
+            runs.append(
+                (name, decode_keys(keys[a:b]), decode_values(kind, serializer, values[a:b]))
+            )
+            a = b
+    except Exception:  # the reference path raises the error, naming the entry
+        return None
+    return runs
+
+
+def decode_keys(keys: Sequence[bytes]) -> list[Any]:
+    """:func:`~sparkpoint.state.serializers.decode_key` of every key (str keys at once)."""
+    if set(map(operator.itemgetter(0), keys)) == {3}:
+        return [key[1:].decode("utf-8", "surrogatepass") for key in keys]
+    return list(map(decode_key, keys))
+
+
+def decode_values(kind: str, serializer: TypeSerializer, values: Sequence[Any]) -> list[Any]:
+    """:func:`~sparkpoint.state.serializers.decode_value` of every value, ``DELETED`` for
+    None."""
+    if None in values:
+        return [DELETED if v is None else decode_value(kind, serializer, v) for v in values]
+    if kind != "value":
+        return [decode_value(kind, serializer, v) for v in values]
+    if type(serializer) is PickleSerializer:
+        return list(map(pickle.loads, values))
+    fixed = _FIXED.get(type(serializer))
+    if fixed is not None and set(map(len, values)) == {8}:
+        return np.frombuffer(b"".join(values), dtype=fixed[1]).tolist()
+    return [decode_value(kind, serializer, v) for v in values]

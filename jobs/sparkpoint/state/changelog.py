@@ -1,0 +1,195 @@
+"""Working-state versions as a changelog: a base snapshot and the changes of each epoch since.
+
+Flink's changelog state backend in miniature. Version *v+1* of a subtask's keyed state is
+written as the entries the epoch read or wrote (:meth:`KeyedStateBackend.take_changes`), a
+canonical snapshot with tombstones (``<tag>.delta``), plus a chain file (``<tag>.chain``, JSON)
+naming the files that rebuild the version in order: a full canonical snapshot
+(``<tag>.base``) and the deltas after it. The cost of an epoch without a checkpoint is thus
+proportional to the keys it touched, not to the state. When the deltas of a chain outweigh
+its base (or there are more than :data:`MAX_DELTAS`), the next version writes a new base.
+
+Every file goes to the subtask's local directory and, on clusters, through
+:meth:`VersionStore.write_durable` to the checkpoint storage: the chain records the durable
+URL of each file, so another executor rebuilds the version from the durable copies.
+
+A Python worker keeps the backend it saved (:data:`_LIVE`, per local directory and tag): the
+next epoch of the same subtask in the same worker continues on it without reading a byte. A
+backend is only reused at the exact tag it saved; a retry of a failed epoch asks for the
+previous tag and gets it rebuilt from the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from sparkpoint.errors import CorruptSnapshotError
+from sparkpoint.state import canonical
+from sparkpoint.state.backend import DELETED, KeyedStateBackend, SavedVersion, VersionStore
+from sparkpoint.state.key_groups import key_groups_of
+from sparkpoint.state.restoring import SnapshotMerge, check_max_parallelism, register
+
+MAX_DELTAS = 32
+
+# local directory -> (tag, backend): the backend this worker saved last for that subtask.
+_LIVE: dict[str, tuple[str, KeyedStateBackend]] = {}
+
+
+def _write_local(directory: str, name: str, data: bytes) -> None:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _read_local(directory: str, name: str) -> bytes | None:
+    try:
+        with open(os.path.join(directory, name), "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _chain(store: VersionStore, tag: str, durable_url: str | None) -> dict[str, Any] | None:
+    """The chain of version ``tag``: the local file, else the durable one."""
+    data = _read_local(store.local_dir, f"{tag}.chain")
+    if data is None and durable_url is not None:
+        data = store.read_durable(durable_url)
+    if data is None:
+        return None
+    try:
+        chain = json.loads(data)
+        if not isinstance(chain["files"], list) or chain["tag"] != tag:  # not an assert: -O
+            raise ValueError(f"not the chain of version {tag}")
+    except Exception as err:
+        raise CorruptSnapshotError(
+            f"working-state chain {tag} of {store.local_dir} is damaged: {err!r}"
+        ) from err
+    return chain
+
+
+def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: str | None) -> Any:
+    """Write version ``tag`` of ``backend``: a delta after ``previous``'s chain, or a base.
+
+    Steps: (1) take the epoch's changes, (2) a delta when the previous chain is here and
+    still light, else a full base, (3) the chain, (4) keep the backend for the next epoch.
+    """
+    # Step 1
+    changes = backend.take_changes()
+    common: dict[str, Any] = {
+        "max_parallelism": backend.max_parallelism,
+        "key_group_range": backend.key_group_range,
+        "watermarks": backend.channel_watermarks,
+        "backend": backend.name,
+    }
+    # Step 2
+    chain = _chain(store, previous, store.durable_url) if previous is not None else None
+    light = (
+        chain is not None
+        and len(chain["files"]) <= MAX_DELTAS
+        and chain["delta_bytes"] <= chain["base_bytes"]
+    )
+    if chain is not None and light:
+        mp = backend.max_parallelism
+        entries = canonical.EntryColumns(
+            changes.changes, functools.partial(_key_groups, max_parallelism=mp)
+        )
+        blob = canonical.encode_snapshot(changes.states, entries, changelog=True, **common)
+        name = f"{tag}.delta"
+        chain = dict(chain, delta_bytes=chain["delta_bytes"] + len(blob))
+        files = list(chain["files"])
+    else:
+        blob = canonical.encode_snapshot(backend.state_infos, backend.entries(), **common)
+        name = f"{tag}.base"
+        chain = {"base_bytes": len(blob), "delta_bytes": 0}
+        files = []
+    _write_local(store.local_dir, name, blob)
+    files.append({"name": name, "durable": store.write_durable(name, blob)})
+    # Step 3
+    chain_blob = json.dumps(dict(chain, tag=tag, files=files)).encode()
+    _write_local(store.local_dir, f"{tag}.chain", chain_blob)
+    durable = store.write_durable(f"{tag}.chain", chain_blob)
+    # Step 4
+    _LIVE[store.local_dir] = (tag, backend)
+    needed = tuple(f["durable"] for f in files if f["durable"]) + ((durable,) if durable else ())
+    return SavedVersion(len(blob) + len(chain_blob), durable, needed)
+
+
+def _key_groups(keys: list[Any], max_parallelism: int) -> list[int]:
+    """The key group of every key of a delta, at once (numpy)."""
+    array = np.fromiter(keys, dtype=object, count=len(keys))
+    return key_groups_of(array, max_parallelism).tolist()
+
+
+def open_version(
+    backend: KeyedStateBackend, store: VersionStore, tag: str
+) -> KeyedStateBackend | None:
+    """Version ``tag``: this worker's live backend when it is at ``tag``, else ``backend``
+    (empty) rebuilt from the chain's files; None when neither this executor nor the durable
+    copy has the chain.
+
+    Raises:
+        CorruptSnapshotError: a chain file is missing or damaged.
+    """
+    live = _LIVE.pop(store.local_dir, None)
+    if (
+        live is not None
+        and live[0] == tag
+        and live[1].max_parallelism == backend.max_parallelism
+        and live[1].key_group_range == backend.key_group_range
+    ):
+        return live[1]
+    if live is not None:
+        live[1].close()
+    chain = _chain(store, tag, store.durable_url)
+    if chain is None:
+        return None
+    merge = SnapshotMerge(backend)
+    for index, entry in enumerate(chain["files"]):
+        data = _read_local(store.local_dir, entry["name"])
+        if data is None and entry.get("durable"):
+            data = store.read_durable(entry["durable"])
+        if data is None:
+            raise CorruptSnapshotError(
+                f"working-state file {entry['name']} of version {tag} is neither in "
+                f"{store.local_dir} nor stored durably"
+            )
+        snap = canonical.decode_snapshot(data, os.path.join(store.local_dir, entry["name"]))
+        if index == 0:
+            merge.add(snap, entry["name"])
+            merge.finish()
+            continue
+        check_max_parallelism(snap.max_parallelism, backend.max_parallelism, entry["name"])
+        for info in snap.states.values():
+            register(backend, info, entry["name"])
+        backend.load(snap.entries(backend.key_group_range))
+        backend.channel_watermarks = dict(snap.watermarks)
+    backend.take_changes()  # what was loaded is not a change of the next epoch
+    return backend
+
+
+def prune(store: VersionStore, keep: set[str]) -> None:
+    """Delete local files that the chains of ``keep`` do not name."""
+    names = {f"{tag}.chain" for tag in keep}
+    for tag in keep:
+        chain = _chain(store, tag, None)
+        if chain is not None:
+            names |= {entry["name"] for entry in chain["files"]}
+    try:
+        present = os.listdir(store.local_dir)
+    except FileNotFoundError:
+        return
+    for name in present:
+        if name not in names and not os.path.isdir(os.path.join(store.local_dir, name)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(store.local_dir, name))
+
+
+__all__ = ["DELETED", "MAX_DELTAS", "open_version", "prune", "save"]

@@ -1,0 +1,271 @@
+"""The write-back tables of the ``rocksdb`` keyed state backend: a dict cache over RocksDB.
+
+:class:`RocksDBStateTable` implements the :class:`~sparkpoint.state.backend.StateTable`
+protocol for one state: every key read is loaded into the cache and counts as changed (the
+caller may mutate the value in place), writes go to the cache, and
+:meth:`RocksDBStateTable.flush` writes the dirty entries in one ``WriteBatch`` (the key layout is
+in :mod:`sparkpoint.state.rocksdb_store`) and empties the cache, or keeps it clean for a
+snapshot. :meth:`RocksDBStateTable.put_many`, the vectorized
+operators' write, goes through to RocksDB at once and leaves its values cached *clean*, so a
+snapshot's synchronous part has only what was read key by key left to write. A value handed
+out stays the cache's until the next call on the same table, which may flush the cache when
+it holds more than ``cache_entries`` keys: mutate a value before touching the table again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from rocksdict import Rdict, WriteBatch
+
+from sparkpoint.state.backend import StateInfo, key_outside_range
+from sparkpoint.state.key_groups import KeyGroupRange, stable_hash
+from sparkpoint.state.rocksdb_store import iter_raw, multi_get, state_prefix, successor
+from sparkpoint.state.serializers import (
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    serializer_named,
+)
+
+DEFAULT_CACHE_ENTRIES = 100_000
+#: put_many writes a batch per this many bytes of keys and values.
+WRITE_BATCH_BYTES = 1 << 20
+
+_NOT_FOUND: Any = object()  # cached: the key has no entry in RocksDB (nothing to write)
+_ABSENT: Any = object()  # cached: the entry was removed (a delete to write)
+_UNCACHED: Any = object()
+
+
+class RocksDBStateTable:
+    """The :class:`~sparkpoint.state.backend.StateTable` of one state: a write-back cache
+    over RocksDB (see the module docstring).
+
+    Args:
+        db: the subtask's database.
+        info: the state.
+        max_parallelism: the number of key groups.
+        key_group_range: the backend's key groups; a key of another one is refused.
+        cache_entries: the cache is flushed before an access when it holds more keys.
+    """
+
+    def __init__(
+        self,
+        db: Rdict,
+        info: StateInfo,
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    ) -> None:
+        self._db = db
+        self.info = info
+        self._kind = info.kind
+        self._serializer = serializer_named(info.serializer, f"keyed state {info.name!r}")
+        self._prefix = state_prefix(info.name)
+        self._max_parallelism = max_parallelism
+        self._range = key_group_range
+        self._limit = cache_entries
+        self._cache: dict[Any, Any] = {}  # key -> value, _ABSENT or _NOT_FOUND
+        self._db_keys: dict[Any, bytes] = {}  # key -> its RocksDB key, for cached keys
+        self._clean: set[Any] = set()  # cached keys whose value RocksDB has (put_many)
+        self.touched: set[Any] = set()  # keys read or written since take_touched()
+
+    def __repr__(self) -> str:
+        return f"RocksDBStateTable({self.info.name!r}, cached={len(self._cache)})"
+
+    # ------------------------------------------------------------------------- keys
+
+    def db_key(self, key: Any) -> bytes:
+        """The RocksDB key of ``key`` in this state.
+
+        Raises:
+            KeyGroupOutOfRangeError: the key's key group is not in the backend's range.
+        """
+        key_group = stable_hash(key) % self._max_parallelism
+        if not self._range.start <= key_group <= self._range.end:
+            raise key_outside_range(
+                key, key_group, self._range, self._max_parallelism, self.info.name
+            )
+        return key_group.to_bytes(2, "big") + self._prefix + encode_key(key)
+
+    def decode(self, data: bytes) -> Any:
+        """A stored value of this state, decoded."""
+        return decode_value(self._kind, self._serializer, data)
+
+    def _load(self, key: Any) -> Any:
+        """The cached value of ``key``, loading it (counts as touched)."""
+        value = self._cache.get(key, _UNCACHED)
+        if value is _UNCACHED:
+            db_key = self.db_key(key)
+            data = self._db.get(db_key)
+            value = _NOT_FOUND if data is None else self.decode(data)
+            self._cache[key] = value
+            self._db_keys[key] = db_key
+        else:
+            self._clean.discard(key)  # handed out: it may be mutated in place
+        self.touched.add(key)
+        return value
+
+    def _maybe_flush(self) -> None:
+        if len(self._cache) > self._limit:
+            self.flush()
+
+    # ------------------------------------------------------------------------- dict API
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._maybe_flush()
+        value = self._load(key)
+        return default if value is _NOT_FOUND or value is _ABSENT else value
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _UNCACHED)
+        if value is _UNCACHED:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key, _UNCACHED) is not _UNCACHED
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._maybe_flush()
+        if key not in self._db_keys:
+            self._db_keys[key] = self.db_key(key)
+        self._cache[key] = _ABSENT if value is None else value
+        self._clean.discard(key)
+        self.touched.add(key)
+
+    def __delitem__(self, key: Any) -> None:
+        if self.get(key, _UNCACHED) is _UNCACHED:
+            raise KeyError(key)
+        self._cache[key] = _ABSENT
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        value = self.get(key, _UNCACHED)
+        if value is _UNCACHED:
+            return default
+        self._cache[key] = _ABSENT
+        return value
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        value = self.get(key, _UNCACHED)
+        if value is _UNCACHED:
+            self[key] = default
+            return default
+        return value
+
+    def get_many(self, keys: list[Any], default: Any) -> list[Any]:
+        """The value of every key of ``keys`` (``default`` where absent), in order; the
+        uncached keys are read with one multi-get."""
+        self._maybe_flush()
+        cache = self._cache
+        missing = [key for key in dict.fromkeys(keys) if key not in cache]
+        if missing:
+            db_keys = [self.db_key(key) for key in missing]
+            stored = multi_get(self._db, db_keys)
+            for key, db_key, data in zip(missing, db_keys, stored, strict=True):
+                cache[key] = _NOT_FOUND if data is None else self.decode(data)
+                self._db_keys[key] = db_key
+        self.touched.update(keys)
+        if self._clean:
+            self._clean.difference_update(keys)
+        values = [cache[key] for key in keys]
+        return [default if v is _NOT_FOUND or v is _ABSENT else v for v in values]
+
+    def put_many(self, keys: list[Any], values: list[Any]) -> None:
+        """Set ``keys[i]`` to ``values[i]`` for every i: written to RocksDB now, in batches of
+        about :data:`WRITE_BATCH_BYTES` (RocksDB switches to a new memtable between batches, so
+        full ones are flushed in the background while the rest is encoded), and cached clean
+        (a later read hands the value out and makes it dirty again). Every key is checked
+        before anything is written; a value that fails to encode leaves the batches before it
+        written (the epoch fails, and its working state is discarded)."""
+        if len(keys) != len(values):
+            raise ValueError(
+                f"put_many on keyed state {self.info.name!r}: {len(keys)} keys, "
+                f"{len(values)} values"
+            )
+        self._maybe_flush()
+        db_keys, cache = self._db_keys, self._cache
+        kind, serializer = self._kind, self._serializer
+        encoded_keys = [db_keys.get(key) or self.db_key(key) for key in keys]
+        batch, size = WriteBatch(raw_mode=True), 0
+        for key, db_key, value in zip(keys, encoded_keys, values, strict=True):
+            db_keys[key] = db_key
+            if value is None:
+                batch.delete(db_key)
+                cache[key] = _NOT_FOUND
+                size += len(db_key)
+            else:
+                data = encode_value(kind, serializer, value)
+                batch.put(db_key, data)
+                cache[key] = value
+                size += len(db_key) + len(data)
+            if size >= WRITE_BATCH_BYTES:
+                self._db.write(batch)
+                batch, size = WriteBatch(raw_mode=True), 0
+        if size:
+            self._db.write(batch)
+        self._clean.update(keys)
+        self.touched.update(keys)
+
+    def __len__(self) -> int:
+        """The number of keys with a value (flushes, then counts in RocksDB)."""
+        self.flush()
+        return sum(1 for _ in self._raw_items())
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """Every ``(key, value)`` of this state (flushes first). The values are copies:
+        mutating one changes nothing, write it back with ``table[key] = value``."""
+        self.flush()
+        for key, data in self._raw_items():
+            yield decode_key(key), self.decode(data)
+
+    def _raw_items(self) -> Iterator[tuple[bytes, bytes]]:
+        for key_group in self._range:
+            lower = key_group.to_bytes(2, "big") + self._prefix
+            for db_key, data in iter_raw(self._db, lower, successor(lower)):
+                yield db_key[len(lower) :], data
+
+    # ------------------------------------------------------------------------- write-back
+
+    def flush(self, *, evict: bool = True) -> int:
+        """Write every dirty cached entry to RocksDB in one batch; the number of puts and
+        deletes written. With ``evict`` the cache is emptied; without, it keeps every entry,
+        clean (a snapshot's synchronous part: nothing to do for the entries ``put_many`` wrote
+        through, however many)."""
+        if not self._cache:
+            return 0
+        cache, clean = self._cache, self._clean
+        written = 0
+        if len(clean) < len(cache):  # some entry is dirty or known absent
+            batch = WriteBatch(raw_mode=True)
+            kind, serializer, db_keys = self._kind, self._serializer, self._db_keys
+            dirty = []
+            for key, value in cache.items():
+                if value is _NOT_FOUND or key in clean:
+                    continue
+                dirty.append(key)
+                if value is _ABSENT:
+                    batch.delete(db_keys[key])
+                else:
+                    batch.put(db_keys[key], encode_value(kind, serializer, value))
+            written = len(batch)
+            if written:
+                self._db.write(batch)
+            if not evict:
+                for key in dirty:
+                    if cache[key] is _ABSENT:
+                        cache[key] = _NOT_FOUND
+                    else:
+                        clean.add(key)
+        if evict:
+            cache.clear()
+            self._db_keys.clear()
+            clean.clear()
+        return written
+
+    def take_touched(self) -> set[Any]:
+        """The keys read or written since the last call (then forgotten)."""
+        touched, self.touched = self.touched, set()
+        return touched
