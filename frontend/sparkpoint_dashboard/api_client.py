@@ -98,6 +98,13 @@ class ApiClient:
         path = f"{_job(job_id)}/checkpoints/details/{checkpoint_id}"
         return dict(self.call("GET", path, token))
 
+    def operator_timelines(
+        self, job_id: str, limit: int = 100, token: str | None = None
+    ) -> dict[str, Any]:
+        """Each operator's statistics over the job's newest ``limit`` checkpoints."""
+        path = f"{_job(job_id)}/checkpoints/operators"
+        return dict(self.call("GET", path, token, params={"limit": limit}))
+
     def subtasks(
         self, job_id: str, checkpoint_id: int, operator_id: str, token: str | None = None
     ) -> dict[str, Any]:
@@ -117,6 +124,11 @@ class ApiClient:
         if kind not in OPERATION_KINDS:
             raise ValueError(f"unknown operation kind {kind!r}; one of {OPERATION_KINDS}")
         return self.call("GET", f"{_job(job_id)}/{kind}/{quote(request_id, safe='')}", token)
+
+    def audit(self, token: str | None, limit: int = 200, job: str | None = None) -> Any:
+        """The audit log, newest first (an admin's token)."""
+        params: dict[str, Any] = {"limit": limit, **({"job": job} if job else {})}
+        return self.call("GET", "/audit", token, params=params)
 
     # Actions (always with the operator's token).
 

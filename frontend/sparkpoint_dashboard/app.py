@@ -15,9 +15,19 @@ from dash import Dash, Input, Output, dcc, html
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient, ApiRequestError, ApiUnreachableError
 from sparkpoint_dashboard.components import actions, config_forms, job_header, shell
-from sparkpoint_dashboard.pages import checkpoint, checkpoints, job, jobs, not_found
+from sparkpoint_dashboard.pages import (
+    audit,
+    checkpoint,
+    checkpoints,
+    job,
+    jobs,
+    not_found,
+    operators,
+    savepoints,
+)
 from sparkpoint_dashboard.routing import Page, parse
 from sparkpoint_dashboard.settings import DashboardSettings, load_settings
+from sparkpoint_dashboard.spark_ui import SparkUi
 from sparkpoint_dashboard.units import fmt_time
 
 ASSETS = Path(__file__).parent / "assets"
@@ -34,6 +44,12 @@ def render_page(pathname: str | None) -> Any:
         return checkpoints.layout(route)
     if route.page is Page.CHECKPOINT:
         return checkpoint.layout(route)
+    if route.page is Page.OPERATORS:
+        return operators.layout(route)
+    if route.page is Page.AUDIT:
+        return audit.layout(route)
+    if route.page is Page.SAVEPOINTS:
+        return savepoints.layout(route)
     return not_found.layout(route)
 
 
@@ -48,6 +64,12 @@ def page_title(pathname: str | None) -> str:
         return f"Checkpoints of {route.job_id} · Sparkpoint"
     if route.page is Page.CHECKPOINT:
         return f"Checkpoint {route.checkpoint_id} of {route.job_id} · Sparkpoint"
+    if route.page is Page.OPERATORS:
+        return f"Operators of {route.job_id} · Sparkpoint"
+    if route.page is Page.AUDIT:
+        return "Audit log · Sparkpoint"
+    if route.page is Page.SAVEPOINTS:
+        return "Savepoints · Sparkpoint"
     return "Not found · Sparkpoint"
 
 
@@ -118,6 +140,9 @@ def build_app(settings: DashboardSettings | None = None, client: ApiClient | Non
     def _token(token: str | None) -> str:
         return shell.token_state(token)
 
-    for module in (jobs, job, checkpoints, checkpoint, job_header, actions, config_forms):
+    for module in (jobs, job, checkpoints, job_header, actions, config_forms, audit):
         module.register(app, client)
+    checkpoint.register(app, client, SparkUi(allowed_hosts=settings.spark_ui_hosts))
+    operators.register(app, client)
+    savepoints.register(app, client)
     return app

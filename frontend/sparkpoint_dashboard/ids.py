@@ -16,9 +16,15 @@ TITLE_SINK = "page-title-sink"
 JOBS_GRID = "jobs-grid"
 JOBS_MESSAGE = "jobs-message"
 
+# Audit log (/audit): shown to an admin's token only
+AUDIT_GRID = "audit-grid"
+AUDIT_MESSAGE = "audit-message"
+AUDIT_BODY = "audit-body"  # the grid's section; hidden without an admin's token
+
 # Job header (on every page of a job): title, status, tabs
 JOB_TITLE = "job-title"
 JOB_STATUS_BADGE = "job-status-badge"
+JOB_GUARANTEE = "job-guarantee"  # the end-to-end guarantee's badge and its reason
 
 # Job overview (/jobs/{id})
 JOB_CARDS = "job-cards"
@@ -29,6 +35,8 @@ JOB_EXCEPTIONS_GRID = "job-exceptions-grid"
 JOB_VERTICES = "job-vertices"
 JOB_MESSAGE = "job-message"
 JOB_BODY = "job-body"  # everything below the header; hidden when the job is unknown
+JOB_EXECUTORS_GRID = "job-executors-grid"  # the Spark application's executors and hosts
+JOB_EXECUTORS_NOTE = "job-executors-note"
 
 # Checkpoints (/jobs/{id}/checkpoints)
 CP_COUNTS = "checkpoint-counts"
@@ -89,3 +97,20 @@ RS_CONFIRM = "restart-confirm"  # dcc.ConfirmDialog
 RS_PENDING = "restart-pending"  # dcc.Store: the PUT waiting for confirmation
 RS_FEEDBACK = "restart-feedback"  # why Apply sent nothing, or what the API refused (names the key)
 RS_LOADED = "restart-loaded"  # dcc.Store: the strategy the form was filled from
+
+# A job that ended (FINISHED, CANCELED, FAILED): its actions and forms are disabled, and say why
+JOB_ENDED = "job-ended"  # dcc.Store: why the job cannot be steered any more, or None
+ACT_ENDED_NOTE = "action-ended-note"
+CFG_ENDED_NOTE = "config-ended-note"
+ACT_RESTORE_NOTE = "action-restore-note"  # the chosen restore point went: what happened to it
+
+# Savepoints page
+SP_GRID = "savepoints-grid"
+SP_MESSAGE = "savepoints-message"
+
+# Operators (/jobs/{id}/operators): each operator's checkpoints over time
+OT_METRICS_CHART = "operators-metrics-chart"
+OT_HEAT_STRIP = "operators-heat-strip"
+OT_COLOUR_BY = "operators-colour-by"  # radio: end-to-end or share of the checkpoint
+OT_HOLDUPS = "operators-holdups"  # which operator was the last to acknowledge, how often
+OT_MESSAGE = "operators-message"

@@ -13,6 +13,9 @@ class Page(str, Enum):
     JOB = "job"
     CHECKPOINTS = "checkpoints"
     CHECKPOINT = "checkpoint"
+    OPERATORS = "operators"
+    AUDIT = "audit"
+    SAVEPOINTS = "savepoints"
     NOT_FOUND = "not-found"
 
 
@@ -29,8 +32,11 @@ class Route:
 _PATTERNS = (
     (re.compile(r"^/?$"), Page.JOBS),
     (re.compile(r"^/jobs/?$"), Page.JOBS),
+    (re.compile(r"^/audit/?$"), Page.AUDIT),
+    (re.compile(r"^/savepoints/?$"), Page.SAVEPOINTS),
     (re.compile(r"^/jobs/(?P<job>[^/]+)/?$"), Page.JOB),
     (re.compile(r"^/jobs/(?P<job>[^/]+)/checkpoints/?$"), Page.CHECKPOINTS),
+    (re.compile(r"^/jobs/(?P<job>[^/]+)/operators/?$"), Page.OPERATORS),
     (re.compile(r"^/jobs/(?P<job>[^/]+)/checkpoints/(?P<cp>[^/]+)/?$"), Page.CHECKPOINT),
 )
 
@@ -60,6 +66,14 @@ def jobs_path() -> str:
     return "/"
 
 
+def audit_path() -> str:
+    return "/audit"
+
+
+def savepoints_path() -> str:
+    return "/savepoints"
+
+
 def job_path(job_id: str) -> str:
     return f"/jobs/{quote(job_id, safe='')}"
 
@@ -70,3 +84,8 @@ def checkpoints_path(job_id: str) -> str:
 
 def checkpoint_path(job_id: str, checkpoint_id: int) -> str:
     return f"{checkpoints_path(job_id)}/{checkpoint_id}"
+
+
+def operators_path(job_id: str) -> str:
+    """The per-operator checkpoint timelines of a job."""
+    return f"{job_path(job_id)}/operators"

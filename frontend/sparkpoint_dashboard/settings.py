@@ -22,6 +22,16 @@ class DashboardSettings(BaseSettings):
     dashboard_api_timeout_s: float = Field(
         default=5.0, gt=0, le=120, description="Timeout of one call to the REST API."
     )
+    dashboard_spark_ui_hosts: str = Field(
+        default="",
+        description="Comma-separated hosts besides loopback whose Spark UI the dashboard's "
+        "server may ask (a job reports its Spark UI's address itself).",
+    )
+
+    @property
+    def spark_ui_hosts(self) -> list[str]:
+        """``dashboard_spark_ui_hosts`` as a list."""
+        return [h.strip() for h in self.dashboard_spark_ui_hosts.split(",") if h.strip()]
 
     @field_validator("api_url")
     @classmethod

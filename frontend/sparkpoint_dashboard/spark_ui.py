@@ -6,14 +6,19 @@ it is gone once a job finished, and it may not be reachable from where the dashb
 call has a short timeout, and answers (and failures) are cached for a few seconds so that a page
 refreshing every 2 s neither waits on nor hammers the driver. The jobs of a group that has
 finished never change, so they are kept (for the most recent ``GROUPS_KEPT`` groups).
+
+A job reports its Spark UI's address itself, so the dashboard's server asks only hosts on an
+allow-list (loopback, plus ``SPARKPOINT_DASHBOARD_SPARK_UI_HOSTS``) and never follows a
+redirect: a job cannot make it fetch anything else (server-side request forgery).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -61,9 +66,44 @@ def settled(jobs: list[SparkJob] | None) -> bool:
     return jobs is not None and all(j.status in FINAL_STATUSES for j in jobs)
 
 
+def spark_ui_host(ui_url: str) -> str | None:
+    """The host of a Spark UI address, in lower case; None unless it is a plain
+    ``http(s)://host[:port][/path]`` URL: credentials, backslashes and control characters,
+    which parsers and browsers read differently, are refused."""
+    if "@" in ui_url or "\\" in ui_url or any(c.isspace() or ord(c) < 32 for c in ui_url):
+        return None
+    try:
+        url = httpx.URL(ui_url)
+    except httpx.InvalidURL:
+        return None
+    if url.scheme not in ("http", "https") or not url.host:
+        return None
+    return url.host.lower()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_spark_ui(ui_url: str, hosts: Iterable[str] = ()) -> bool:
+    """Whether the dashboard may fetch from the Spark UI at ``ui_url``: an http(s) URL of a
+    loopback host or of one of ``hosts`` (names or IP addresses, compared as written)."""
+    host = spark_ui_host(ui_url)
+    return host is not None and (_is_loopback(host) or host in _normalized(hosts))
+
+
+def _normalized(hosts: Iterable[str]) -> frozenset[str]:
+    return frozenset(h.strip().strip("[]").lower() for h in hosts if h.strip())
+
+
 def _get_json(url: str, timeout_s: float) -> Any:
-    response = httpx.get(url, timeout=timeout_s)
-    response.raise_for_status()
+    response = httpx.get(url, timeout=timeout_s, follow_redirects=False)
+    response.raise_for_status()  # a redirect too: it is never followed
     return response.json()
 
 
@@ -71,6 +111,7 @@ class SparkUi:
     """The Spark jobs of a job group, from the Spark UI of the job's driver (thread-safe).
 
     Args:
+        allowed_hosts: the hosts besides loopback that may be asked (:func:`allowed_spark_ui`).
         timeout_s: the timeout of one call to the Spark UI.
         ttl_s: how long an answer is reused.
         unreachable_ttl_s: how long a Spark UI that did not answer is not asked again.
@@ -80,12 +121,14 @@ class SparkUi:
 
     def __init__(
         self,
+        allowed_hosts: Iterable[str] = (),
         timeout_s: float = SPARK_UI_TIMEOUT_S,
         ttl_s: float = CACHE_TTL_S,
         unreachable_ttl_s: float = UNREACHABLE_TTL_S,
         get_json: Callable[[str, float], Any] = _get_json,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.allowed_hosts = _normalized(allowed_hosts)
         self.timeout_s = timeout_s
         self.ttl_s = ttl_s
         self.unreachable_ttl_s = unreachable_ttl_s
@@ -97,9 +140,16 @@ class SparkUi:
         # (ui url, application id, group) -> its Spark jobs, once all of them have finished
         self._finished: OrderedDict[tuple[str, str, str], list[SparkJob]] = OrderedDict()
 
+    def allows(self, ui_url: str) -> bool:
+        """Whether the Spark UI at ``ui_url`` may be asked (:func:`allowed_spark_ui`)."""
+        return allowed_spark_ui(ui_url, self.allowed_hosts)
+
     def group_jobs(self, ui_url: str, application_id: str, group: str) -> list[SparkJob] | None:
         """The Spark jobs of ``group`` (``[]`` when the UI no longer lists any: it keeps only
-        the most recent jobs), or None when the Spark UI cannot be reached."""
+        the most recent jobs), or None when the Spark UI cannot be reached or may not be
+        asked."""
+        if not self.allows(ui_url):
+            return None
         key = (ui_url, application_id, group)
         with self._lock:
             if key in self._finished:

@@ -35,6 +35,39 @@ BUTTONS = {
 NO_CHOICE = "Choose a checkpoint or savepoint to restore first."
 HISTORY_LIMIT = 200  # newest checkpoints read to find the restorable ones
 DEFAULT_DIR = "the control plane's default savepoint directory"
+ENDED = ("FINISHED", "CANCELED", "FAILED")  # Flink's globally terminal job statuses
+
+
+# ----------------------------------------------------------------------------- an ended job
+
+
+def ended_reason(state: str | None) -> str | None:
+    """Why a job can no longer be steered (``None`` while it can): Flink's globally terminal
+    statuses end the job for good, so it takes no checkpoint, savepoint, stop, cancel,
+    restore or configuration change."""
+    if state not in ENDED:
+        return None
+    return (
+        f"The job is {state}: it no longer runs, so it takes no checkpoint or savepoint and "
+        "cannot be stopped, canceled, restored or reconfigured. To run it again, start it anew "
+        "from one of its savepoints or retained checkpoints "
+        "(sparkpoint run JOB.py --from-checkpoint PATH)."
+    )
+
+
+def restore_value_kept(
+    chosen: str | None, candidates: dict[str, dict[str, Any]]
+) -> tuple[str | None, str | None]:
+    """The dropdown's value after the retained set changed: the same choice while it is still
+    restorable, else nothing and a note that says which one went (a newer checkpoint subsumed
+    it, or it was discarded)."""
+    if not chosen or chosen in candidates:
+        return chosen, None
+    what = chosen.replace(":", " ")
+    return (
+        None,
+        f"{what} is no longer retained (newer checkpoints subsumed it): choose another one.",
+    )
 
 
 # ----------------------------------------------------------------------------- restore choices
@@ -271,11 +304,14 @@ def panel(route: Route) -> html.Div:
                 ],
                 className="controls",
             ),
+            html.Div(id=ids.ACT_RESTORE_NOTE, className="action-feedback"),
+            html.Div(id=ids.ACT_ENDED_NOTE, className="ended-note"),
             html.Div(id=ids.ACT_FEEDBACK, className="action-feedback"),
             html.Div(id=ids.OPERATIONS_LOG, className="operations"),
             dcc.ConfirmDialog(id=ids.ACT_CONFIRM),
             dcc.Store(id=ids.ACT_PENDING),
             dcc.Store(id=ids.ACT_RESTORE_CHOICES, data={}),
+            dcc.Store(id=ids.JOB_ENDED),
         ],
         className="card actions",
     )
@@ -292,25 +328,68 @@ def register(app: Dash, client: ApiClient) -> None:
     @app.callback(
         Output(ids.ACT_RESTORE_SELECT, "options"),
         Output(ids.ACT_RESTORE_CHOICES, "data"),
+        Output(ids.ACT_RESTORE_SELECT, "value"),
+        Output(ids.ACT_RESTORE_NOTE, "children"),
         Input(ids.REFRESH, "n_intervals"),
         Input(ids.ROUTE, "data"),
         State(ids.TOKEN_INPUT, "value"),
         State(ids.ACT_RESTORE_CHOICES, "data"),
+        State(ids.ACT_RESTORE_SELECT, "value"),
     )
     def _restore_choices(
-        _n: int | None, route: dict[str, Any] | None, token: str | None, shown: Any
+        _n: int | None,
+        route: dict[str, Any] | None,
+        token: str | None,
+        shown: Any,
+        chosen: str | None,
     ) -> Any:
+        unchanged = (no_update,) * 4
         if not route or not route.get("job_id"):
-            return no_update, no_update
+            return unchanged
         answer, _error = fetch(lambda: client.checkpoints(route["job_id"], HISTORY_LIMIT, token))
         if answer is None:
-            return no_update, no_update
+            return unchanged
         latest = (answer.get("latest") or {}).get("savepoint")  # older than the history read
         history = [*(answer.get("history") or []), *([latest] if latest else [])]
         candidates = restore_candidates(history)
         if candidates == shown:
-            return no_update, no_update
-        return restore_options(candidates), candidates
+            return unchanged
+        # The value is written with the options, so the choice survives the new options.
+        value, note = restore_value_kept(chosen, candidates)
+        return (
+            restore_options(candidates),
+            candidates,
+            value,
+            message(note, "warn") if note else None,
+        )
+
+    @app.callback(
+        Output(ids.JOB_ENDED, "data"),
+        Input(ids.REFRESH, "n_intervals"),
+        Input(ids.ROUTE, "data"),
+        State(ids.TOKEN_INPUT, "value"),
+        State(ids.JOB_ENDED, "data"),
+    )
+    def _ended(_n: int | None, route: dict[str, Any] | None, token: str | None, shown: Any) -> Any:
+        if not route or not route.get("job_id"):
+            return no_update
+        job, _error = fetch(lambda: client.job(route["job_id"], token))
+        if job is None:
+            return no_update
+        reason = ended_reason(job.get("state"))
+        return no_update if reason == shown else reason
+
+    @app.callback(
+        *(Output(button, "disabled") for button in BUTTONS),
+        Output(ids.ACT_SAVEPOINT_DIR, "disabled"),
+        Output(ids.ACT_RESTORE_SELECT, "disabled"),
+        Output(ids.ACT_ENDED_NOTE, "children"),
+        Input(ids.JOB_ENDED, "data"),
+    )
+    def _disable(reason: str | None) -> Any:
+        ended = bool(reason)
+        note = message(reason, "info") if reason else None
+        return (*(ended,) * (len(BUTTONS) + 2), note)
 
     @app.callback(
         Output(ids.ACT_PENDING, "data"),

@@ -48,6 +48,73 @@ def layout(**overrides: Any) -> dict[str, Any]:
     return result
 
 
+#: The top margin (px) of a chart with a legend: Plotly's toolbar (about 30 px high, at the top
+#: right) sits above the legend row instead of over it.
+LEGEND_MARGIN_TOP = 64
+LEGEND = {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "xanchor": "left"}
+#: A vertical line's label ("restore → attempt 3", 10 px type, about 110 px) takes about this
+#: share of a half-page chart's plot (about 470 px at 1440 px): labels closer in time than
+#: that go on separate lanes (rows); beyond :data:`MAX_LANES` only the line shows.
+LABEL_WIDTH_FRACTION = 0.25
+MAX_LANES = 3
+LANE_HEIGHT = 0.1  # of the plot's height
+
+
+def label_lanes(
+    times: list[int], span: float, width_fraction: float = LABEL_WIDTH_FRACTION
+) -> list[int | None]:
+    """The lane (0 on top) of each vertical line's label so that no two labels overlap, or
+    ``None`` when the label does not fit in :data:`MAX_LANES` lanes.
+
+    Args:
+        times: the lines' positions (ms), in the order of their labels.
+        span: the x axis' extent (ms); a label is ``width_fraction`` of it wide.
+    """
+    gap = max(span, 1.0) * width_fraction
+    lane_ends: list[float] = []  # where the last label of each lane ends
+    lanes: list[int | None] = [None] * len(times)
+    for i in sorted(range(len(times)), key=lambda k: times[k]):
+        for lane, end in enumerate(lane_ends):
+            if times[i] >= end:
+                lanes[i], lane_ends[lane] = lane, times[i] + gap
+                break
+        else:
+            if len(lane_ends) < MAX_LANES:
+                lanes[i] = len(lane_ends)
+                lane_ends.append(times[i] + gap)
+    return lanes
+
+
+def line_labels(
+    marks: list[tuple[int, str]],
+    span: float,
+    *,
+    xref: str = "x",
+    color: str = GREY,
+    width_fraction: float = LABEL_WIDTH_FRACTION,
+) -> list[dict[str, Any]]:
+    """Annotations of vertical lines at ``marks`` (``(time ms, text)``), inside the plot's
+    top edge, on lanes that keep them apart (see :func:`label_lanes`; ``width_fraction``: a
+    label's width as a share of the plot's)."""
+    lanes = label_lanes([t for t, _ in marks], span, width_fraction)
+    return [
+        {
+            "x": fmt_time(t),
+            "xref": xref,
+            "y": 1 - lane * LANE_HEIGHT,
+            "yref": "paper",
+            "yanchor": "top",
+            "xanchor": "left",
+            "text": text,
+            "showarrow": False,
+            "font": {"size": 10, "color": color},
+            "bgcolor": "rgba(255,255,255,0.85)",
+        }
+        for (t, text), lane in zip(marks, lanes, strict=True)
+        if lane is not None
+    ]
+
+
 def duration_unit(max_ms: float | None) -> tuple[str, float]:
     """The unit (``"ms"`` or ``"s"``) and divisor a duration axis up to ``max_ms`` reads best in."""
     if max_ms is not None and max_ms >= LARGE_DURATION_MS:
@@ -211,21 +278,27 @@ def history_figure(history: list[dict[str, Any]], now_ms: int | None = None) -> 
             },
         }
     )
-    restarts = [(fmt_time(trigger), attempt) for trigger, attempt in restart_points(entries)]
+    restarts = restart_points(entries)
     dotted = {"color": AMBER, "dash": "dot", "width": 1.5}
     shapes = [
-        dict(type="line", xref="x2", yref="paper", x0=at, x1=at, y0=0, y1=1, line=dotted)
+        dict(type="line", xref="x2", yref="paper", line=dotted)
+        | dict(x0=fmt_time(at), x1=fmt_time(at), y0=0, y1=1)
         for at, _ in restarts
     ]
-    notes = [
-        dict(x=at, xref="x2", y=1.0, yref="paper", yanchor="bottom", xanchor="left")
-        | dict(showarrow=False, text=f"attempt {attempt}", font={"color": AMBER})
-        for at, attempt in restarts
-    ]
+    span = entries[-1]["trigger_timestamp"] - entries[0]["trigger_timestamp"]
+    notes = line_labels(  # "attempt 3" in a page-wide chart: about 5 % of its width
+        [(at, f"attempt {attempt}") for at, attempt in restarts],
+        span,
+        xref="x2",
+        color=AMBER,
+        width_fraction=0.06,
+    )
     return {
         "data": data,
         "layout": layout(
             height=460,
+            margin={"l": 64, "r": 24, "t": LEGEND_MARGIN_TOP, "b": 48},
+            legend=LEGEND,
             hovermode="closest",
             bargap=0,
             shapes=shapes,

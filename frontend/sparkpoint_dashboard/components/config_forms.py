@@ -118,7 +118,8 @@ def config_current_view(config: dict[str, Any]) -> str:
         f"Now: every {fmt_ms(config.get('interval'))} ({config.get('interval')} ms), "
         f"timeout {fmt_ms(config.get('timeout'))}, min pause {fmt_ms(config.get('min_pause'))}, "
         f"{config.get('tolerable_failed_checkpoints')} tolerable failed, "
-        f"{config.get('retained')} retained; {config.get('state_backend')} state backend, "
+        f"{config.get('retained')} retained; {config.get('state_backend')} state backend"
+        f"{' (incremental checkpoints)' if config.get('incremental') else ''}, "
         f"{config.get('checkpoint_storage')} storage at {config.get('checkpoint_dir')}."
     )
 
@@ -175,7 +176,12 @@ def view() -> html.Div:
         ],
         className="card",
     )
-    return html.Div([checkpointing, restart_form.card()], className="grid-2")
+    return html.Div(
+        [
+            html.Div(id=ids.CFG_ENDED_NOTE, className="ended-note"),
+            html.Div([checkpointing, restart_form.card()], className="grid-2"),
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- callbacks
@@ -226,6 +232,17 @@ def register(app: Dash, client: ApiClient) -> None:
         if answer is None:
             return (message(error) if error else no_update), no_update
         return config_current_view(answer), config_fixed_view(answer)
+
+    @app.callback(
+        *(Output(input_id, "disabled") for _n, input_id, _l, _u in CONFIG_FIELDS),
+        Output(ids.CFG_APPLY, "disabled"),
+        Output(ids.CFG_ENDED_NOTE, "children"),
+        Input(ids.JOB_ENDED, "data"),
+    )
+    def _disable(reason: str | None) -> Any:
+        """An ended job's forms: every input and button disabled, the reason above them."""
+        note = message(reason, "info") if reason else None
+        return (*(bool(reason),) * (len(CONFIG_FIELDS) + 1), note)
 
     @app.callback(
         Output(ids.CFG_PENDING, "data"),

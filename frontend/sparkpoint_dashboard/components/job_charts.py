@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkpoint_dashboard.components.charts import LEGEND, LEGEND_MARGIN_TOP, line_labels
 from sparkpoint_dashboard.theme import AMBER, BLUE, GREY, chart_layout, status_color
 from sparkpoint_dashboard.units import fmt_ms, to_datetime
+
+STATUS_HEIGHT = 180  # px: the lane, the time axis, and the legend below Plotly's toolbar
 
 
 def status_bands(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -60,9 +63,10 @@ def status_figure(bands: list[dict[str, Any]]) -> dict[str, Any]:
             ]
         )
     layout = chart_layout(
-        height=150,
+        height=STATUS_HEIGHT,
         barmode="overlay",
-        margin={"l": 16, "r": 16, "t": 32, "b": 40},
+        margin={"l": 16, "r": 16, "t": LEGEND_MARGIN_TOP, "b": 40},
+        legend=LEGEND,
         xaxis={"type": "date", "title": {"text": "time (UTC)"}},
         yaxis={"visible": False},
         showlegend=True,
@@ -71,12 +75,19 @@ def status_figure(bands: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def restart_marks(job: dict[str, Any]) -> list[tuple[int, str]]:
-    """``(time, text)`` of each restart (a RESTARTING transition) for the throughput chart."""
+    """``(time, text)`` of each restart (a RESTARTING transition) for the throughput chart; a
+    requested restore says ``restore``."""
     return [
-        (h["timestamp"], f"restart → attempt {h.get('attempt')}")
+        (h["timestamp"], f"{restart_word(h.get('cause'))} → attempt {h.get('attempt')}")
         for h in job.get("status-history") or []
         if h.get("status") == "RESTARTING"
     ]
+
+
+def restart_word(cause: str | None) -> str:
+    """``"restore"`` for a restart an operator requested (its cause says so), else
+    ``"restart"``."""
+    return "restore" if (cause or "").startswith("restore of ") else "restart"
 
 
 def throughput_figure(
@@ -106,8 +117,8 @@ def throughput_figure(
             "hovertemplate": "lag %{y:,} records<extra></extra>",
         },
     ]
-    shapes, annotations = [], []
-    for ts, text in marks:
+    shapes = []
+    for ts, _text in marks:
         when = to_datetime(ts)
         shapes.append(
             {
@@ -121,21 +132,12 @@ def throughput_figure(
                 "line": {"color": GREY, "dash": "dash", "width": 1},
             }
         )
-        annotations.append(
-            {
-                "x": when,
-                "xref": "x",
-                "y": 1,
-                "yref": "paper",
-                "text": text,
-                "showarrow": False,
-                "yanchor": "bottom",
-                "font": {"size": 10},
-            }
-        )
+    times = [int(s["timestamp"]) for s in samples] + [ts for ts, _ in marks]
+    span = max(times) - min(times) if times else 0
     layout = chart_layout(
         height=300,
-        margin={"l": 64, "r": 64, "t": 40, "b": 48},
+        margin={"l": 64, "r": 64, "t": LEGEND_MARGIN_TOP, "b": 48},
+        legend=LEGEND,
         xaxis={"type": "date", "title": {"text": "time (UTC)"}},
         yaxis={"title": {"text": "records/s"}, "rangemode": "tozero"},
         yaxis2={
@@ -147,6 +149,6 @@ def throughput_figure(
         },
         hovermode="x unified",
         shapes=shapes,
-        annotations=annotations,
+        annotations=line_labels(marks, span),
     )
     return {"data": data, "layout": layout}

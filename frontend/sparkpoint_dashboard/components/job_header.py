@@ -1,5 +1,5 @@
-"""The head of every page of one job: where you are, the job's name and status, the tabs, and
-the actions that steer it."""
+"""The head of every page of one job: where you are, the job's name and status, its end-to-end
+guarantee, the tabs, and the actions that steer it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,16 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient
-from sparkpoint_dashboard.components import actions
+from sparkpoint_dashboard.components import actions, guarantee
 from sparkpoint_dashboard.components.widgets import badge, fetch
-from sparkpoint_dashboard.routing import Page, Route, checkpoint_path, checkpoints_path, job_path
+from sparkpoint_dashboard.routing import (
+    Page,
+    Route,
+    checkpoint_path,
+    checkpoints_path,
+    job_path,
+    operators_path,
+)
 
 
 def breadcrumbs(route: Route) -> list[tuple[str, str | None]]:
@@ -25,6 +32,8 @@ def breadcrumbs(route: Route) -> list[tuple[str, str | None]]:
         trail.append(
             (f"#{route.checkpoint_id}", checkpoint_path(route.job_id, route.checkpoint_id))
         )
+    if route.page is Page.OPERATORS:
+        trail.append(("Operators", operators_path(route.job_id)))
     *above, (last_text, _) = trail
     return [*above, (last_text, None)]
 
@@ -39,6 +48,8 @@ def view(route: Route) -> html.Div:
             dcc.Link(text, href=href) if href else html.Span(text, className="crumb-here")
         )
     tab = "overview" if route.page is Page.JOB else "checkpoints"
+    if route.page is Page.OPERATORS:
+        tab = "operators"
     tabs = html.Nav(
         [
             dcc.Link(
@@ -50,6 +61,11 @@ def view(route: Route) -> html.Div:
                 "Checkpoints",
                 href=checkpoints_path(route.job_id),
                 className="tab active" if tab == "checkpoints" else "tab",
+            ),
+            dcc.Link(
+                "Operators",
+                href=operators_path(route.job_id),
+                className="tab active" if tab == "operators" else "tab",
             ),
         ],
         className="tabs",
@@ -64,6 +80,7 @@ def view(route: Route) -> html.Div:
                 ],
                 className="title-row",
             ),
+            html.Div(id=ids.JOB_GUARANTEE, className="guarantee-row"),
             tabs,
             actions.panel(route),
         ],
@@ -84,16 +101,17 @@ def register(app: Dash, client: ApiClient) -> None:
     @app.callback(
         Output(ids.JOB_TITLE, "children"),
         Output(ids.JOB_STATUS_BADGE, "children"),
+        Output(ids.JOB_GUARANTEE, "children"),
         Input(ids.REFRESH, "n_intervals"),
         Input(ids.ROUTE, "data"),
         State(ids.TOKEN_INPUT, "value"),
     )
     def _refresh(
         _n: int | None, route: dict[str, Any] | None, token: str | None
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, Any]:
         if not route or not route.get("job_id"):
-            return no_update, no_update
+            return no_update, no_update, no_update
         answer, error = fetch(lambda: client.job(route["job_id"], token))
         if answer is None:
-            return no_update, (badge("UNKNOWN", error) if error else no_update)
-        return title_view(answer)
+            return no_update, (badge("UNKNOWN", error) if error else no_update), no_update
+        return (*title_view(answer), guarantee.view(answer.get("guarantee")))

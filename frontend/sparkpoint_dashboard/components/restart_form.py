@@ -151,6 +151,11 @@ def plan_restart(
 # ----------------------------------------------------------------------------- layout
 
 
+def type_options(disabled: bool = False) -> list[dict[str, Any]]:
+    """The strategy choices (all disabled for a job that ended)."""
+    return [{"label": t, "value": t, "disabled": disabled} for t in RESTART_TYPES]
+
+
 def card() -> html.Section:
     """The restart strategy form (filled by :func:`register`'s callbacks)."""
     return html.Section(
@@ -164,7 +169,7 @@ def card() -> html.Section:
             ),
             dcc.RadioItems(
                 id=ids.RS_TYPE,
-                options=[{"label": t, "value": t} for t in RESTART_TYPES],
+                options=type_options(),
                 inline=True,
                 className="restart-type",
             ),
@@ -187,7 +192,9 @@ def _data_key(key: str) -> dict[str, Any]:
     return {"data-key": key}
 
 
-def restart_params_view(kind: str | None, values: dict[str, str]) -> list[Any]:
+def restart_params_view(
+    kind: str | None, values: dict[str, str], *, disabled: bool = False
+) -> list[Any]:
     """The parameter inputs of ``kind``: label in plain words, the Flink key, the value."""
     if kind not in RESTART_PARAMS:
         return []
@@ -199,7 +206,13 @@ def restart_params_view(kind: str | None, values: dict[str, str]) -> list[Any]:
         rows += [
             html.Label([label, html.Br(), html.Code(key)]),
             html.Div(  # data-key: how a browser test finds the input of one option
-                dcc.Input(id=input_id, type="text", value=values.get(key, ""), debounce=False),
+                dcc.Input(
+                    id=input_id,
+                    type="text",
+                    value=values.get(key, ""),
+                    debounce=False,
+                    disabled=disabled,
+                ),
                 **_data_key(key),
             ),
             html.Span(hint, className="unit"),
@@ -239,13 +252,25 @@ def register(app: Dash, client: ApiClient) -> None:
     @app.callback(
         Output(ids.RS_PARAMS, "children"),
         Input(ids.RS_TYPE, "value"),
+        Input(ids.JOB_ENDED, "data"),
         State(ids.RS_LOADED, "data"),
     )
-    def _params(kind: str | None, loaded: Any) -> Any:
+    def _params(kind: str | None, ended: str | None, loaded: Any) -> Any:
         strategy = (loaded or {}).get("strategy")
         if kind is None:
             return []
-        return restart_params_view(kind, restart_param_values(kind, strategy))
+        values = restart_param_values(kind, strategy)
+        return restart_params_view(kind, values, disabled=bool(ended))
+
+    @app.callback(
+        Output(ids.RS_TYPE, "options"),
+        Output(ids.RS_APPLY, "disabled"),
+        Input(ids.JOB_ENDED, "data"),
+    )
+    def _disable(reason: str | None) -> Any:
+        """An ended job's strategy cannot change: its choices and Apply are disabled (the
+        reason shows above the forms)."""
+        return type_options(disabled=bool(reason)), bool(reason)
 
     @app.callback(
         Output(ids.RS_CURRENT, "children"),

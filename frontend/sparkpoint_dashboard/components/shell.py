@@ -7,6 +7,7 @@ from typing import Any
 from dash import dcc, html
 
 from sparkpoint_dashboard import ids
+from sparkpoint_dashboard.routing import audit_path, savepoints_path
 
 
 def header(api_url: str) -> html.Header:
@@ -15,7 +16,14 @@ def header(api_url: str) -> html.Header:
             dcc.Link(
                 [html.Span("◆", className="brand-mark"), " Sparkpoint"], href="/", className="brand"
             ),
-            html.Nav([dcc.Link("Jobs", href="/", className="nav-link")], className="nav"),
+            html.Nav(
+                [
+                    dcc.Link("Jobs", href="/", className="nav-link"),
+                    dcc.Link("Savepoints", href=savepoints_path(), className="nav-link"),
+                    dcc.Link("Audit", href=audit_path(), className="nav-link"),
+                ],
+                className="nav",
+            ),
             html.Div(
                 [
                     html.Span(

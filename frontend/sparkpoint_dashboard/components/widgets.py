@@ -96,10 +96,22 @@ def grid(
     )
 
 
-def link(text: str, href: str) -> str:
-    """A markdown link for a table cell rendered with ``cellRenderer: "markdown"``."""
-    safe = text.replace("[", "\\[").replace("]", "\\]")
-    return f"[{safe}]({href})"
+LINK_RENDERER = "TextLink"  # assets/dashAgGridComponentFunctions.js
+
+
+def link_column(field: str, **column: Any) -> dict[str, Any]:
+    """An AG Grid column whose cells show ``row[field]`` as text, linked to the dashboard path
+    in ``row[field + "_href"]`` (see :func:`link_cell`).
+
+    Never markdown nor HTML: names come from jobs, and a name is only ever shown as text.
+    """
+    params = {"hrefField": f"{field}_href"}
+    return {"field": field, "cellRenderer": LINK_RENDERER, "cellRendererParams": params, **column}
+
+
+def link_cell(field: str, text: str, href: str) -> dict[str, str]:
+    """The row values of a :func:`link_column` cell: its text and the path it links to."""
+    return {field: text, f"{field}_href": href}
 
 
 def fetch(load: Callable[[], T]) -> tuple[T | None, str | None]:

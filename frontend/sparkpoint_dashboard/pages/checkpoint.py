@@ -13,6 +13,7 @@ from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient
 from sparkpoint_dashboard.components import job_header
 from sparkpoint_dashboard.components.charts import empty_figure, type_label
+from sparkpoint_dashboard.components.spark_links import spark_link_view
 from sparkpoint_dashboard.components.timeline import (
     Straggler,
     find_stragglers,
@@ -29,7 +30,7 @@ from sparkpoint_dashboard.components.widgets import (
     stat,
 )
 from sparkpoint_dashboard.routing import Route
-from sparkpoint_dashboard.spark_ui import SparkJob, SparkUi, job_page_url, settled
+from sparkpoint_dashboard.spark_ui import SparkUi, settled
 from sparkpoint_dashboard.theme import status_color
 from sparkpoint_dashboard.units import DASH, fmt_age, fmt_bytes, fmt_ms, fmt_time
 
@@ -68,6 +69,7 @@ HANDLE_COLUMNS: list[dict[str, Any]] = [
     {"field": "name", "headerName": "Name", "minWidth": 130},
     {"field": "path", "headerName": "Path", "tooltipField": "path", "minWidth": 330},
     _number("size", "Size", minWidth=90),
+    _number("shared_size", "Shared files", minWidth=150),
     {
         "field": "checksum_short",
         "headerName": "Checksum",
@@ -220,16 +222,33 @@ def operator_rows(cp: dict[str, Any], stragglers: list[Straggler]) -> list[dict[
     return rows
 
 
+_FORMATS = {
+    "sparkpoint-keyed-state-v1": "canonical snapshot",
+    "rocksdb-native-v1": "RocksDB files",
+}
+
+
 def handle_kind(handle: dict[str, Any]) -> str:
     """What a state handle holds: inline bytes, a shared (incremental) file, keyed state of a
-    key-group range, or operator state."""
+    key-group range, or operator state; and in which format (canonical, RocksDB's own)."""
     if handle.get("inline"):
         return "inline (in the metadata)"
     start, end = handle.get("key_group_start"), handle.get("key_group_end")
     keyed = f"keyed state, key groups {start} to {end}" if start is not None else "operator state"
+    fmt = handle.get("format")
+    if fmt:
+        keyed += f", {_FORMATS.get(fmt, fmt)}"
     if "/shared/" in (handle.get("path") or ""):
         return f"shared file ({keyed})"
     return keyed
+
+
+def shared_text(handle: dict[str, Any]) -> str:
+    """``"12 files, 3.1 MB"``: the files of the job's shared/ directory a handle references."""
+    n = handle.get("shared_files") or 0
+    if not n:
+        return DASH
+    return f"{n} file{'s' if n != 1 else ''}, {fmt_bytes(handle.get('shared_size'))}"
 
 
 def short_checksum(checksum: str | None) -> str:
@@ -257,6 +276,8 @@ def handle_rows(operators: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "path": path or "(inline in _metadata)",
                         "size": handle.get("size"),
                         "size_text": fmt_bytes(handle.get("size")),
+                        "shared_size": handle.get("shared_size") or 0,
+                        "shared_size_text": shared_text(handle),
                         "checksum": handle.get("checksum") or "",
                         "checksum_short": short_checksum(handle.get("checksum")),
                     }
@@ -275,53 +296,6 @@ def stragglers_view(stragglers: list[Straggler]) -> Any:
         html.H3("Stragglers"),
         html.Ul([html.Li(s.describe(), className="straggler") for s in stragglers]),
     ]
-
-
-def spark_link_view(
-    cp: dict[str, Any], spark: dict[str, Any] | None, jobs: list[SparkJob] | None
-) -> list[Any]:
-    """Links to the Spark UI's pages of the Spark jobs that ran the checkpoint's epoch.
-
-    Args:
-        cp: the checkpoint (its ``epoch`` and ``spark-job-group``).
-        spark: ``GET /jobs/{id}``'s ``spark`` (``ui-url``, ``application-id``), if known.
-        jobs: the Spark jobs of the group, or None when the Spark UI could not be asked.
-    """
-    group = cp.get("spark-job-group")
-    if not group:
-        return ["Spark: no epoch has carried this checkpoint's barrier yet."]
-    head: list[Any] = [f"Spark job group of epoch {cp.get('epoch')}: ", html.Code(group), " · "]
-    ui = (spark or {}).get("ui-url")
-    if not ui or not (spark or {}).get("application-id"):
-        return [*head, html.Span("Spark UI address unknown", className="legend-note")]
-    if jobs is None:
-        return [
-            *head,
-            html.Span(
-                "Spark UI not reachable (it lives in the job's driver, which "
-                "is gone once the job finished)",
-                className="legend-note",
-            ),
-        ]
-    if not jobs:
-        return [
-            *head,
-            html.Span("no Spark job of this group is left in the ", className="legend-note"),
-            html.A("Spark UI", href=f"{ui.rstrip('/')}/jobs/", target="_blank"),
-            html.Span(" (it keeps only the most recent jobs)", className="legend-note"),
-        ]
-    links: list[Any] = []
-    for job in jobs:
-        if links:
-            links.append(", ")
-        links.append(
-            html.A(
-                f"Spark job {job.job_id} ({job.status})",
-                href=job_page_url(ui, job.job_id),
-                target="_blank",
-            )
-        )
-    return [*head, *links]
 
 
 def pending_span(cp: dict[str, Any], now_ms: int) -> float | None:
@@ -354,6 +328,8 @@ def checkpoint_views(
 
 
 def layout(route: Route) -> html.Div:
+    """The page, the per-subtask timeline first under the job's header: at 1440x900 it is in
+    view without scrolling; the summary, operators and state handles follow."""
     phases = html.Dl(
         [item for name, text in PHASE_HELP for item in (html.Dt(name), html.Dd(text))],
         className="phases",
@@ -363,18 +339,8 @@ def layout(route: Route) -> html.Div:
             job_header.view(route),
             html.Div(id=ids.CK_MESSAGE),
             section(
-                f"Checkpoint #{route.checkpoint_id}",
+                f"Checkpoint #{route.checkpoint_id}: per-subtask timeline",
                 html.Div(id=ids.CK_FAILURE),
-                html.Div(id=ids.CK_SUMMARY),
-                html.Div(id=ids.CK_SPARK_LINK, className="spark-link"),
-                dcc.Store(id=ids.CK_SPARK_GROUP),
-                dcc.Store(id=ids.CK_SPARK_DONE),
-            ),
-            section(
-                "Operators", grid(ids.CK_OPERATORS_GRID, OPERATOR_COLUMNS, sort=("operator", "asc"))
-            ),
-            section(
-                "Per-subtask timeline",
                 html.Div(
                     [
                         dcc.Graph(
@@ -400,6 +366,16 @@ def layout(route: Route) -> html.Div:
                 "its operator's median is a straggler (red).",
             ),
             section(
+                "Summary",
+                html.Div(id=ids.CK_SUMMARY),
+                html.Div(id=ids.CK_SPARK_LINK, className="spark-link"),
+                dcc.Store(id=ids.CK_SPARK_GROUP),
+                dcc.Store(id=ids.CK_SPARK_DONE),
+            ),
+            section(
+                "Operators", grid(ids.CK_OPERATORS_GRID, OPERATOR_COLUMNS, sort=("operator", "asc"))
+            ),
+            section(
                 "State handles",
                 grid(ids.CK_HANDLES_GRID, HANDLE_COLUMNS),
                 help_text="The files (or inline bytes) each subtask's snapshot wrote; "
@@ -411,8 +387,9 @@ def layout(route: Route) -> html.Div:
     )
 
 
-def register(app: Dash, client: ApiClient) -> None:
-    spark_ui = SparkUi()
+def register(app: Dash, client: ApiClient, spark_ui: SparkUi | None = None) -> None:
+    """The page's callbacks; ``spark_ui`` asks the Spark UIs (loopback only by default)."""
+    spark_ui = spark_ui or SparkUi()
 
     @app.callback(
         Output(ids.CK_SUMMARY, "children"),
@@ -493,5 +470,6 @@ def register(app: Dash, client: ApiClient) -> None:
             )
             return view, (epoch if job is not None else None)
         jobs = spark_ui.group_jobs(spark["ui-url"], spark["application-id"], group)
-        view = spark_link_view({"spark-job-group": group, "epoch": epoch.get("epoch")}, spark, jobs)
+        cp = {"spark-job-group": group, "epoch": epoch.get("epoch")}
+        view = spark_link_view(cp, spark, jobs, allowed=spark_ui.allows(spark["ui-url"]))
         return view, (epoch if settled(jobs) else None)

@@ -15,7 +15,8 @@ from sparkpoint_dashboard.components.charts import empty_figure, history_figure,
 from sparkpoint_dashboard.components.widgets import (
     fetch,
     grid,
-    link,
+    link_cell,
+    link_column,
     message,
     route_store,
     section,
@@ -66,7 +67,9 @@ def _text(field: str, header: str, width: int, **extra: Any) -> dict[str, Any]:
 
 
 COLUMNS: list[dict[str, Any]] = [
-    _text("link", "ID", 65, cellRenderer="markdown", comparator={"function": "byNumericId"}),
+    link_column(
+        "link", headerName="ID", minWidth=65, comparator={"function": "byNumericId"}, **_HEADER
+    ),
     _text("status", "Status", 105, cellStyle={"function": "params.data.status_style"}),
     _text("type", "Type", 115, tooltipField="type"),
     _text("attempt", "Attempt", 80, type="numericColumn"),
@@ -211,7 +214,7 @@ def history_row(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
     return {
         "id": entry["id"],
         "row_id": str(entry["id"]),
-        "link": link(f"#{entry['id']}", checkpoint_path(job_id, entry["id"])),
+        **link_cell("link", f"#{entry['id']}", checkpoint_path(job_id, entry["id"])),
         "status": status,
         "status_style": {"color": status_color(status), "fontWeight": "600"},
         "type": type_label(entry),

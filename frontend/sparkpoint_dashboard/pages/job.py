@@ -11,8 +11,9 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient, ApiRequestError, ApiUnreachableError
-from sparkpoint_dashboard.components import config_forms, job_header
+from sparkpoint_dashboard.components import config_forms, executors, job_header, restarts
 from sparkpoint_dashboard.components.job_charts import (
+    STATUS_HEIGHT,
     restart_marks,
     status_bands,
     status_figure,
@@ -56,6 +57,7 @@ STATUS_COLUMNS: list[dict[str, Any]] = [
         "minWidth": 140,
         "valueGetter": {"function": "params.data.lasted_ms"},
         "valueFormatter": {"function": "params.data.lasted"},
+        "tooltipField": "lasted",
     },
     {"field": "attempt", "headerName": "Attempt", "type": "numericColumn", "minWidth": 90},
     {"field": "cause", "headerName": "Cause", "minWidth": 120, "flex": 2, "tooltipField": "cause"},
@@ -71,8 +73,20 @@ EXCEPTION_COLUMNS: list[dict[str, Any]] = [
         "valueFormatter": {"function": "params.data.time"},
     },
     {"field": "attempt", "headerName": "Attempt", "type": "numericColumn", "maxWidth": 100},
-    {"field": "kind", "headerName": "Kind", "minWidth": 140, "maxWidth": 200},
-    {"field": "task", "headerName": "Operator / subtask", "minWidth": 150, "maxWidth": 200},
+    {
+        "field": "kind",
+        "headerName": "Kind",
+        "minWidth": 140,
+        "maxWidth": 200,
+        "tooltipField": "kind",
+    },
+    {
+        "field": "task",
+        "headerName": "Operator / subtask",
+        "minWidth": 150,
+        "maxWidth": 200,
+        "tooltipField": "task",
+    },
     {"field": "epoch", "headerName": "Epoch", "type": "numericColumn", "maxWidth": 90},
     {
         "field": "cause",
@@ -114,9 +128,21 @@ def clock(ms: int | None) -> str:
 
 
 def records_total(job: dict[str, Any]) -> tuple[str, str]:
-    """The "records" card: what the sources read since the job started (replays count again)."""
+    """The "records" card: what the sources read over every attempt (replays count again), the
+    number the job's own summary prints when it ends, written out in full as it does."""
     total = (job.get("throughput") or {}).get("records")
-    return (f"{fmt_count(total)} records" if total is not None else DASH), "since the job started"
+    detail = "all attempts" if job.get("state") in TERMINAL else "since the job started"
+    return (f"{fmt_count(total)} records" if total is not None else DASH), detail
+
+
+def source_lag(job: dict[str, Any]) -> tuple[str, str]:
+    """The "source lag" card: records the sources hold and have not read yet, while the job
+    runs; an ended job reads nothing more, so its last lag would mislead."""
+    state = job.get("state") or "UNKNOWN"
+    if state in TERMINAL:
+        return DASH, f"the job is {state}"
+    lag = (job.get("throughput") or {}).get("source-lag")
+    return (f"{fmt_count(lag)} records" if lag is not None else DASH), "not read yet"
 
 
 def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.Div]:
@@ -128,7 +154,6 @@ def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.D
     throughput = job.get("throughput") or {}
     running = state not in TERMINAL
     rate = throughput.get("records-per-second")
-    lag = throughput.get("source-lag")
     heartbeat = throughput.get("last-heartbeat")
     restarts = [h for h in history if h.get("status") == "RESTARTING"]
     total, total_detail = records_total(job)
@@ -151,11 +176,7 @@ def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.D
             "last epoch" if running else f"the job is {state}",
         ),
         stat("Records", total, total_detail),
-        stat(
-            "Source lag",
-            f"{fmt_count(lag)} records" if lag is not None else DASH,
-            "not read yet",
-        ),
+        stat("Source lag", *source_lag(job)),
         stat("Last heartbeat", fmt_age(now, heartbeat), clock(heartbeat)),
     ]
 
@@ -299,7 +320,7 @@ def layout(route: Route) -> html.Div:
                                 dcc.Graph(
                                     id=ids.JOB_STATUS_CHART,
                                     config={"displaylogo": False},
-                                    style={"height": "150px"},
+                                    style={"height": f"{STATUS_HEIGHT}px"},
                                 ),
                                 grid(ids.JOB_STATUS_GRID, STATUS_COLUMNS, height="180px"),
                                 help_text="Every status the job went through, newest first in the "
@@ -317,9 +338,11 @@ def layout(route: Route) -> html.Div:
                     section(
                         "Failures and restarts",
                         grid(ids.JOB_EXCEPTIONS_GRID, EXCEPTION_COLUMNS),
-                        help_text="Each failure, newest first: where it happened, its cause and "
-                        "what the restart strategy decided.",
+                        help_text="Each failure, restore and restart, newest first: where it "
+                        "happened, its cause and what the restart strategy decided; a restore "
+                        "an operator requested shows as RESTORE (requested).",
                     ),
+                    executors.view(),
                     html.H2("Configuration", className="area-title"),
                     config_forms.view(),
                 ],
@@ -334,6 +357,8 @@ def layout(route: Route) -> html.Div:
 
 
 def register(app: Dash, client: ApiClient) -> None:
+    executors.register(app, client)
+
     @app.callback(
         Output(ids.JOB_CARDS, "children"),
         Output(ids.JOB_STATUS_CHART, "figure"),
@@ -383,5 +408,12 @@ def register(app: Dash, client: ApiClient) -> None:
     def _exceptions(_n: int | None, route: dict[str, Any] | None, token: str | None) -> Any:
         if not route or route.get("page") != "job" or not route.get("job_id"):
             return no_update
-        answer, _error = fetch(lambda: client.exceptions(route["job_id"], token))
-        return no_update if answer is None else exception_rows(answer)
+        job_id = route["job_id"]
+        answer, _error = fetch(lambda: client.exceptions(job_id, token))
+        if answer is None:
+            return no_update
+        requested, _error = fetch(lambda: restarts.fetch_restores(client, job_id, token))
+        job, _error = fetch(lambda: client.job(job_id, token))
+        return restarts.failures_and_restarts(
+            job, exception_rows(answer), restarts.restore_rows(requested or {})
+        )

@@ -12,7 +12,8 @@ from sparkpoint_dashboard.api_client import ApiClient
 from sparkpoint_dashboard.components.widgets import (
     fetch,
     grid,
-    link,
+    link_cell,
+    link_column,
     message,
     route_store,
     section,
@@ -24,12 +25,7 @@ from sparkpoint_dashboard.units import DASH, fmt_age, fmt_ms, fmt_rate
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
 
 COLUMNS: list[dict[str, Any]] = [
-    {
-        "field": "job",
-        "headerName": "Job",
-        "cellRenderer": "markdown",
-        "minWidth": 220,
-    },
+    link_column("job", headerName="Job", minWidth=220),
     {
         "field": "status",
         "headerName": "Status",
@@ -45,12 +41,7 @@ COLUMNS: list[dict[str, Any]] = [
     },
     {"field": "attempt", "headerName": "Attempt", "type": "numericColumn", "maxWidth": 110},
     {"field": "restarts", "headerName": "Restarts", "type": "numericColumn", "maxWidth": 110},
-    {
-        "field": "last_checkpoint",
-        "headerName": "Last checkpoint",
-        "cellRenderer": "markdown",
-        "minWidth": 200,
-    },
+    link_column("last_checkpoint", headerName="Last checkpoint", minWidth=200),
     {
         "field": "last_checkpoint_age",
         "headerName": "Age",
@@ -82,17 +73,19 @@ def job_row(job: dict[str, Any], now_ms: int) -> dict[str, Any]:
     uptime_ms = duration if isinstance(duration, int) and duration >= 0 else None
     if last:
         cp_id = last.get("id")
-        last_text = link(
-            f"#{cp_id} {last.get('status', '')}".strip(), checkpoint_path(job_id, cp_id)
+        last_cell = link_cell(
+            "last_checkpoint",
+            f"#{cp_id} {last.get('status', '')}".strip(),
+            checkpoint_path(job_id, cp_id),
         )
         last_ts = last.get("timestamp")
     else:
-        last_text, last_ts = "none yet", None
+        last_cell, last_ts = {"last_checkpoint": "none yet"}, None
     rate = job.get("records-per-second")
     running = status not in TERMINAL
     return {
         "id": job_id,
-        "job": link(f"{job.get('name') or job_id} · {short_id(job_id)}", job_path(job_id)),
+        **link_cell("job", f"{job.get('name') or job_id} · {short_id(job_id)}", job_path(job_id)),
         "name": job.get("name") or job_id,
         "status": status,
         "status_style": {"color": status_color(status), "fontWeight": "600"},
@@ -100,7 +93,7 @@ def job_row(job: dict[str, Any], now_ms: int) -> dict[str, Any]:
         "uptime": fmt_ms(uptime_ms) if uptime_ms is not None else DASH,
         "attempt": job.get("attempt"),
         "restarts": job.get("restarts"),
-        "last_checkpoint": last_text,
+        **last_cell,
         "last_checkpoint_status": last.get("status") if last else None,
         "last_checkpoint_age_ms": (now_ms - last_ts) if last_ts else None,
         "last_checkpoint_age": fmt_age(now_ms, last_ts) if last_ts else DASH,
