@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo test bench bench-ss bench-control-plane bench-dashboard lint format clean
+.PHONY: demo docs test chaos bench bench-ss bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-redis-to-sql lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -16,6 +16,15 @@ $(VENV)/.installed: pyproject.toml
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# The chaos suite for minutes (make test runs its bounded form: 60 s of faults).
+CHAOS_SECONDS ?= 300
+chaos: $(VENV)/.installed
+	SPARKPOINT_CHAOS_SECONDS=$(CHAOS_SECONDS) $(PY) -m pytest -m chaos tests/chaos -s
+
+# The REST reference, generated from the API's OpenAPI document (a test checks it is current).
+docs: $(VENV)/.installed
+	$(PY) -m sparkpoint_server.api.reference > docs/rest.md
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check jobs backend frontend migrations tests
@@ -32,11 +41,37 @@ bench-control-plane: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_ingest.py
 	$(PY) tests/benchmarks/bench_api.py
 
+# 200 simulated connected jobs checkpointing every second against a real `sparkpoint server`
+# (LOAD_MINUTES=1 for a short run, LOAD_ARGS="--py-spy py-spy" to profile the server);
+# writes tests/benchmarks/results/load.md and load.csv.
+LOAD_MINUTES ?= 10
+LOAD_JOBS ?= 200
+LOAD_ARGS ?=
+bench-load: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_load.py --jobs $(LOAD_JOBS) --minutes $(LOAD_MINUTES) $(LOAD_ARGS)
+
+# The Redis -> SQL example pipeline with checkpoints every second vs without (PostgreSQL and
+# Redis of the tests); writes tests/benchmarks/results/redis_to_sql.md and .json.
+bench-redis-to-sql: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_redis_to_sql.py
+
 bench-dashboard: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_dashboard.py
 
 bench-ss: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_vs_structured_streaming.py
+
+# Keyed state backends without Spark: checkpoint and working-state cost at 1 MB, 100 MB, 1 GB
+# (hashmap, rocksdb full / native / incremental; ~15 min; STATE_ARGS="--sizes 1MB,100MB" for a
+# short run); writes tests/benchmarks/results/state.md and state.csv.
+STATE_ARGS ?=
+bench-state: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_state.py $(STATE_ARGS)
+
+# The PV job with 40 and with 1,000,000 keys on both state backends (~8 min); writes
+# tests/benchmarks/results/pv_keys.md and .json.
+bench-pv-keys: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_pv_keys.py
 
 DEMO_PORT ?= 8081
 DEMO_DASHBOARD_PORT ?= 8050
@@ -45,7 +80,11 @@ DEMO_DASHBOARD_PORT ?= 8050
 # and the example job connected to them; the control plane and the dashboard keep running after
 # the job finished, until Ctrl-C.
 demo: $(VENV)/.installed
-	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
+	@# A new demo starts clean but keeps the savepoints earlier demos took (nothing deletes them).
+	mkdir -p $(DEMO_DIR)/server
+	find $(DEMO_DIR) -mindepth 1 -maxdepth 1 ! -name server -exec rm -rf {} +
+	find $(DEMO_DIR)/server -mindepth 1 -maxdepth 1 ! -name savepoints -exec rm -rf {} +
+	@test ! -d $(DEMO_DIR)/server/savepoints || echo "earlier savepoints kept: $(DEMO_DIR)/server/savepoints"
 	@set -euo pipefail; \
 	export SPARKPOINT_DATA_DIR=$(abspath $(DEMO_DIR))/server; \
 	export SPARKPOINT_API_URL=http://127.0.0.1:$(DEMO_PORT); \
@@ -59,10 +98,13 @@ demo: $(VENV)/.installed
 	echo "dashboard:     http://127.0.0.1:$(DEMO_DASHBOARD_PORT)"; \
 	echo "control plane: http://127.0.0.1:$(DEMO_PORT) (OpenAPI: /docs, metrics: /metrics)"; \
 	echo "API token:     $$(cat $$SPARKPOINT_DATA_DIR/api-token) (paste it into the dashboard's header to act)"; \
+	echo "for the CLI (sparkpoint list, savepoint, restore, ...) in another shell, paste:"; \
+	echo "  export SPARKPOINT_API_URL=$$SPARKPOINT_API_URL"; \
+	echo "  export SPARKPOINT_API_TOKEN=$$(cat $$SPARKPOINT_DATA_DIR/api-token)"; \
 	$(VENV)/bin/sparkpoint run jobs/examples/pv_count.py \
 		--checkpoint-dir file://$(abspath $(DEMO_DIR))/checkpoints --checkpoint-interval 1 \
 		--retained 5 --local-dir $(DEMO_DIR)/local \
-		--events 2400000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output; \
+		--events 12000000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output; \
 	echo; \
 	echo "committed output:  $(DEMO_DIR)/output (files not starting with . or _)"; \
 	echo "dashboard:         http://127.0.0.1:$(DEMO_DASHBOARD_PORT) (keeps running; Ctrl-C stops both)"; \
