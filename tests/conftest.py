@@ -1,13 +1,29 @@
-"""Fixtures shared by the whole suite: one SparkSession per test run."""
+"""Fixtures shared by the whole suite: one SparkSession per test run; the real Redis."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+
+from sparkpoint.transport import Streams
+
+from .support.redis_server import redis_connection, streams_of_one_test
+
+# Spark's Python workers import what the tests pickle by reference (a function of a test
+# module, and the modules it imports, such as the example jobs under jobs/examples): pytest's
+# `pythonpath` reaches this process only, so the workers get it from PYTHONPATH, which the
+# Spark JVM (started later, whichever test starts it) passes on to them.
+_JOBS = str(Path(__file__).resolve().parents[1] / "jobs")
+if _JOBS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_JOBS, os.environ.get("PYTHONPATH")) if p
+    )
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +36,17 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", "sparkpoint-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    """A client of the tests' real Redis (``REDIS_TEST_URL``)."""
+    with redis_connection() as conn:
+        yield conn
+
+
+@pytest.fixture
+def streams(client: redis.Redis) -> Iterator[Streams]:
+    """Stream names of this test only; their keys are deleted afterwards."""
+    with streams_of_one_test(client) as names:
+        yield names

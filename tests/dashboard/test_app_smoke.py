@@ -70,6 +70,7 @@ PAGES: dict[str, set[str]] = {
     | {ids.CP_COUNTS, ids.CP_HISTORY_CHART, ids.CP_HISTORY_GRID, ids.CP_MESSAGE},
     "/jobs/x/checkpoints/3": JOB_HEADER_IDS
     | {ids.CK_SUMMARY, ids.CK_OPERATORS_GRID, ids.CK_TIMELINE, ids.CK_MESSAGE},
+    "/audit": {ids.ROUTE, ids.AUDIT_GRID, ids.AUDIT_MESSAGE, ids.AUDIT_BODY},
 }
 
 
@@ -156,6 +157,7 @@ def test_an_unknown_path_renders_a_page_that_says_so() -> None:
     shown = json.dumps(render_page("/nowhere").to_plotly_json(), default=str)
     assert "no page at /nowhere" in shown
     assert page_title("/jobs/x/checkpoints/3") == "Checkpoint 3 of x · Sparkpoint"
+    assert page_title("/audit") == "Audit log · Sparkpoint"
 
 
 @pytest.mark.parametrize("path", ["/", "/jobs/x", "/jobs/x/checkpoints/3"])

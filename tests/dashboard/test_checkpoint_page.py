@@ -18,6 +18,7 @@ from sparkpoint_dashboard.pages.checkpoint import (
     not_found_text,
     operator_rows,
     pending_span,
+    shared_text,
     short_checksum,
     spark_link_view,
     stragglers_view,
@@ -231,6 +232,17 @@ def test_handle_kinds_and_checksums() -> None:
         == "shared file (keyed state, key groups 64 to 127)"
     )
     assert handle_kind({"path": None, "inline": True}) == "inline (in the metadata)"
+    native = {
+        "path": "file:///c/chk-6/pv-0-a1-t9/_manifest.json",
+        "key_group_start": 0,
+        "key_group_end": 63,
+        "format": "rocksdb-native-v1",
+        "shared_files": 3,
+        "shared_size": 3_100_000,
+    }
+    assert handle_kind(native) == "keyed state, key groups 0 to 63, RocksDB files"
+    assert shared_text(native) == "3 files, 3.0 MiB"
+    assert shared_text({"shared_files": 0}) == DASH
     assert short_checksum(CHECKSUM) == "sha256:abf5025e50df"
     assert short_checksum(None) == DASH
 
@@ -247,6 +259,8 @@ def test_handle_rows() -> None:
             "path": f"file:///cp/{JOB}/chk-5/pv-0-a1-t168",
             "size": 247,
             "size_text": "247 B",
+            "shared_size": 0,
+            "shared_size_text": DASH,
             "checksum": CHECKSUM,
             "checksum_short": "sha256:abf5025e50df",
         }
@@ -314,6 +328,15 @@ def test_spark_link_when_the_ui_is_gone_or_unknown() -> None:
     assert [a.href for a in _find(forgotten, html.A)] == [f"{UI}/jobs/"]
     no_epoch = spark_link_view(_checkpoint(**{"spark-job-group": None, "epoch": None}), SPARK, [])
     assert _text(no_epoch) == "Spark: no epoch has carried this checkpoint's barrier yet."
+
+
+def test_spark_ui_of_a_host_not_allowed_is_named_not_linked() -> None:
+    refused = spark_link_view(_checkpoint(), SPARK, None, allowed=False)
+    assert _text(refused).endswith(
+        f"Spark UI at {UI} not asked: its host is not loopback nor in "
+        "SPARKPOINT_DASHBOARD_SPARK_UI_HOSTS"
+    )
+    assert _find(refused, html.A) == []
 
 
 def test_layout_has_the_header_the_route_and_every_part() -> None:

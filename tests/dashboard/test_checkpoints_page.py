@@ -215,7 +215,7 @@ def test_summary_rows_have_units_and_every_percentile() -> None:
 
 def test_history_row_numbers_and_texts() -> None:
     row = history_row(_entry(12), JOB)
-    assert row["link"] == f"[#12](/jobs/{JOB}/checkpoints/12)"
+    assert (row["link"], row["link_href"]) == ("#12", f"/jobs/{JOB}/checkpoints/12")
     assert (row["id"], row["row_id"]) == (12, "12")
     assert (row["status"], row["type"], row["attempt"]) == ("COMPLETED", "checkpoint", 1)
     assert row["status_style"] == {"color": "#15803d", "fontWeight": "600"}

@@ -138,7 +138,19 @@ def test_a_finished_job_shows_no_throughput_and_a_kept_total_is_used() -> None:
     finished = {**JOB, "state": "FINISHED", "throughput": {**JOB["throughput"], "records": 10**6}}
     cards = page.job_cards(finished, SAMPLES)
     assert texts(cards[4]) == ["Throughput", DASH, "the job is FINISHED"]
-    assert texts(cards[5]) == ["Records", "1,000,000 records", "since the job started"]
+    assert texts(cards[5]) == ["Records", "1,000,000 records", "all attempts"]
+
+
+def test_a_finished_job_shows_no_source_lag_and_its_whole_record_count() -> None:
+    # The job's own summary prints "FINISHED: 1,234,567 records in ..."; the card says the same
+    # number in full, and no "not read yet" lag once nothing reads any more.
+    throughput = {**JOB["throughput"], "records": 1_234_567, "source-lag": 900}
+    for state in ("FINISHED", "CANCELED", "FAILED"):
+        cards = page.job_cards({**JOB, "state": state, "throughput": throughput}, SAMPLES)
+        assert texts(cards[5])[1] == "1,234,567 records"
+        assert texts(cards[6]) == ["Source lag", DASH, f"the job is {state}"]
+    running = page.job_cards({**JOB, "throughput": throughput}, SAMPLES)
+    assert texts(running[6]) == ["Source lag", "900 records", "not read yet"]
 
 
 def test_statuses_become_bands_until_the_next_transition_or_now() -> None:

@@ -32,12 +32,14 @@ def _job(job_id: str, **overrides: Any) -> dict[str, Any]:
 def test_a_running_job_row() -> None:
     row = job_row(_job("j1"), NOW)
 
-    assert row["job"] == "[pv-count · j1](/jobs/j1)"
+    assert (row["job"], row["job_href"]) == ("pv-count · j1", "/jobs/j1")
     long_id = "ab8f944974e94db99f09605697ddb3c8"
-    assert job_row(_job(long_id), NOW)["job"] == f"[pv-count · ab8f9449…](/jobs/{long_id})"
+    long_row = job_row(_job(long_id), NOW)
+    assert (long_row["job"], long_row["job_href"]) == ("pv-count · ab8f9449…", f"/jobs/{long_id}")
     assert (row["status"], row["uptime"], row["uptime_ms"]) == ("RUNNING", "2 min 05 s", 125_000)
     assert (row["attempt"], row["restarts"]) == (2, 1)
-    assert row["last_checkpoint"] == "[#41 COMPLETED](/jobs/j1/checkpoints/41)"
+    assert row["last_checkpoint"] == "#41 COMPLETED"
+    assert row["last_checkpoint_href"] == "/jobs/j1/checkpoints/41"
     assert (row["last_checkpoint_age"], row["last_checkpoint_age_ms"]) == ("4.20 s ago", 4_200)
     assert row["throughput"] == "20.1 k records/s"
     assert row["status_style"]["color"] == "#15803d"
@@ -56,7 +58,10 @@ def test_a_failed_last_checkpoint_is_the_outcome_shown() -> None:
     failed = {"id": 7, "status": "FAILED", "timestamp": NOW - 61_000}
     row = job_row(_job("j3", **{"last-checkpoint": failed}), NOW)
 
-    assert row["last_checkpoint"] == "[#7 FAILED](/jobs/j3/checkpoints/7)"
+    assert (row["last_checkpoint"], row["last_checkpoint_href"]) == (
+        "#7 FAILED",
+        "/jobs/j3/checkpoints/7",
+    )
     assert row["last_checkpoint_age"] == "1 min 01 s ago"
 
 

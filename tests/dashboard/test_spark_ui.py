@@ -58,6 +58,7 @@ class _Fake:
 
     def ui(self) -> SparkUi:
         return SparkUi(
+            allowed_hosts=["192.0.2.2"],
             timeout_s=0.8,
             ttl_s=5.0,
             unreachable_ttl_s=30.0,

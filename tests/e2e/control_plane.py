@@ -15,9 +15,12 @@ from typing import Any
 
 import httpx
 
+from sparkpoint.signing import Signer, job_key, read_secret
+
+from ..support.redis_server import REDIS_URL
+
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("REDIS_TEST_URL", "redis://127.0.0.1:6379/0")
-TOKEN = "e2e-token"
+TOKEN = "e2e-token-0123456789"  # at least 16 characters, as the server requires
 
 
 def free_port() -> int:
@@ -46,9 +49,18 @@ class ServerProcess:
             "SPARKPOINT_STREAM_PREFIX": self.prefix,
             "SPARKPOINT_API_TOKEN": TOKEN,
             "SPARKPOINT_TICK_MS": "20",
+            # Jobs' checkpoints and the savepoints tests ask for live beside the data directory.
+            "SPARKPOINT_STORAGE_ROOTS": str(self.data_dir.parent),
             "REDIS_URL": REDIS_URL,
             "PYSPARK_PYTHON": sys.executable,
         }
+
+    def signer(self) -> Signer:
+        """Signs events as a driver of this server's jobs would (from its data directory's
+        secret, which the server creates at start)."""
+        secret = read_secret(self.data_dir)
+        assert secret is not None, f"no event secret in {self.data_dir}: start the server first"
+        return Signer(lambda job_id: job_key(secret, job_id), f"test-{uuid.uuid4().hex[:8]}")
 
     def start(self) -> None:
         exe = Path(sys.executable).with_name("sparkpoint")

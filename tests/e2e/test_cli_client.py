@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.transport import RedisEventSink, Streams, redis_client
@@ -26,7 +28,9 @@ def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_list_cancel_and_errors_through_the_command_line(server: ServerProcess) -> None:
-    sink = RedisEventSink(redis_client(REDIS_URL), Streams(prefix=server.prefix))
+    sink = RedisEventSink(
+        redis_client(REDIS_URL), Streams(prefix=server.prefix), signer=server.signer()
+    )
     vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
     sink.publish(
         [
@@ -53,3 +57,79 @@ def test_list_cancel_and_errors_through_the_command_line(server: ServerProcess) 
     assert unknown.returncode == 1 and "job no-such-job not found" in unknown.stderr
     wrong = _cli(server, "savepoint", "job-cli", "relative/dir")
     assert wrong.returncode == 1 and "target-directory" in wrong.stderr
+
+
+def _cli_in(
+    cwd: Path, server: ServerProcess, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    base = {
+        k: v
+        for k, v in server.env().items()
+        if k not in ("SPARKPOINT_API_TOKEN", "SPARKPOINT_DATA_DIR")
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("sparkpoint")), *args],
+        cwd=cwd,
+        env={**base, "SPARKPOINT_API_URL": server.url, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_finds_the_demo_servers_token_and_a_401_says_where_it_looked(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    # No token anywhere: the 401 names the places looked in and the variables to set.
+    missing = _cli_in(tmp_path, server, "cancel", "no-such-job")  # reads need no token
+    assert missing.returncode == 1 and "HTTP 401" in missing.stderr
+    assert "no API token found" in missing.stderr
+    assert str(tmp_path / ".sparkpoint/server/api-token") in missing.stderr
+    assert str(tmp_path / ".sparkpoint/demo/server/api-token") in missing.stderr
+    assert "SPARKPOINT_API_TOKEN" in missing.stderr and "SPARKPOINT_DATA_DIR" in missing.stderr
+    # A token that is not this control plane's: said so, with where it came from.
+    wrong = _cli_in(tmp_path, server, "cancel", "no-such-job", SPARKPOINT_API_TOKEN="not-it")
+    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
+    assert "the token from SPARKPOINT_API_TOKEN was refused" in wrong.stderr
+    # `make demo`'s data directory, relative to where the CLI runs: found without a variable.
+    demo = tmp_path / ".sparkpoint" / "demo" / "server"
+    demo.mkdir(parents=True)
+    (demo / "api-token").write_text(server.env()["SPARKPOINT_API_TOKEN"] + "\n")
+    found = _cli_in(tmp_path, server, "cancel", "no-such-job")
+    assert "HTTP 404" in found.stderr and "no-such-job" in found.stderr, found.stderr
+
+
+def test_every_client_command_speaks_json_with_output_json(server: ServerProcess) -> None:
+    sink = RedisEventSink(
+        redis_client(REDIS_URL), Streams(prefix=server.prefix), signer=server.signer()
+    )
+    vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
+    registered = p.JobRegistered(
+        job_name="pv-json", vertices=[vertex], edges=[], config={}, incarnation="d1"
+    )
+    sink.publish(
+        [
+            p.envelope("job-json", 0, 0, registered),
+            p.envelope("job-json", 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
+        ]
+    )
+
+    def listed() -> dict[str, Any] | None:
+        out = _cli(server, "list", "--output", "json")
+        jobs = json.loads(out.stdout)["jobs"] if out.returncode == 0 else []
+        return next((j for j in jobs if j["id"] == "job-json" and j["status"] == "RUNNING"), None)
+
+    job = wait_for("job-json RUNNING in `sparkpoint list --output json`", listed)
+    assert job["name"] == "pv-json" and job["attempt"] == 1
+    cancel = _cli(server, "cancel", "job-json", "--output", "json")
+    assert cancel.returncode == 0 and json.loads(cancel.stdout) == {
+        "command": "cancel",
+        "job": "job-json",
+    }
+    unknown = _cli(server, "restore", "no-such-job", "--checkpoint", "3", "--output", "json")
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    error = json.loads(unknown.stderr)
+    assert error["command"] == "restore" and "job no-such-job not found" in error["error"]
+    tokens = _cli(server, "token", "list", "--output", "json")
+    assert tokens.returncode == 0 and isinstance(json.loads(tokens.stdout)["tokens"], list)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from examples import pv_count
 from sparkpoint.checkpointing.config import CheckpointConfig
@@ -21,6 +22,12 @@ from sparkpoint.testing import FailureInjection
 EVENTS = 12_000
 APPS = 7
 EPOCH_RECORDS = 1_000  # per split: 6 epochs, a checkpoint in each
+# Every state backend and snapshot kind the exactly-once suite runs with.
+BACKENDS = [
+    pytest.param(("hashmap", False), id="hashmap"),
+    pytest.param(("rocksdb", False), id="rocksdb-full"),
+    pytest.param(("rocksdb", True), id="rocksdb-incremental"),
+]
 
 
 def run_pv(
@@ -41,8 +48,13 @@ def run_pv(
     max_inline: int = 1 << 20,
     out: str | None = None,
     isolate_workers: bool = False,
+    backend: tuple[str, bool] = ("hashmap", False),
+    allow_non_restored_state: bool = False,
+    retained: int = 1,
+    savepoint_on_finish: str | None = None,
 ) -> tuple[JobResult, str]:
-    """Run the PV job; returns its result and output directory."""
+    """Run the PV job; returns its result and output directory. ``backend`` is the state
+    backend and whether its checkpoints are incremental."""
     out = out or str(base / name / "out")
     restart_conf = {"restart-strategy.type": restart}
     if restart == "fixed-delay":
@@ -52,7 +64,9 @@ def run_pv(
         }
     options = JobOptions(
         job_id=f"pv-{name}",
-        checkpoint=CheckpointConfig(mode=CheckpointingMode(mode), interval_ms=interval_ms),
+        checkpoint=CheckpointConfig(
+            mode=CheckpointingMode(mode), interval_ms=interval_ms, retained=retained
+        ),
         checkpoint_dir=f"file://{base / name / 'chk'}",
         checkpoint_storage=storage,
         local_dir=str(base / name / "local"),
@@ -64,6 +78,10 @@ def run_pv(
         max_inline_state_bytes=max_inline,
         isolate_workers=isolate_workers,
         durable_working_state=True if isolate_workers else None,
+        state_backend=backend[0],
+        incremental=backend[1],
+        allow_non_restored_state=allow_non_restored_state,
+        savepoint_on_finish=savepoint_on_finish,
     )
     env = StreamExecutionEnvironment(options)
     pv_count.build(
@@ -107,3 +125,13 @@ def expected_every_lines(events: int = EVENTS) -> Counter[str]:
 
 def hidden_files(out: str) -> list[str]:
     return sorted(n for n in os.listdir(out) if n.startswith("."))
+
+
+def completed_checkpoint_dirs(base: Path, job: str) -> list[Path]:
+    """The ``chk-*`` directories with a ``_metadata`` of the PV job ``job`` run under
+    ``base``, oldest first."""
+    root = base / job / "chk" / f"pv-{job}"
+    return sorted(
+        (d for d in root.glob("chk-*") if (d / "_metadata").exists()),
+        key=lambda d: int(d.name.split("-")[1]),
+    )

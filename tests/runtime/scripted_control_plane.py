@@ -12,12 +12,18 @@ It reads the events stream (``XREAD``) and answers with :func:`send_command`, as
 - ``task_failed``: fail over (``restore`` of the latest completed checkpoint under a new
   attempt), or ``cancel`` as FAILED past ``max_failovers``.
 
+Messages are authenticated as with the real control plane (``sparkpoint.signing``): while it
+runs it gives drivers of this process its key in ``SPARKPOINT_JOB_KEY``, verifies every event
+(an unsigned, forged or replayed one stops it with :attr:`error`) and signs its commands.
+
 Tests script the rest through ``on_event`` (called after each event, in the thread), with
 :meth:`restore_to`, :meth:`cancel`, :meth:`stop_with_savepoint` and :meth:`send`.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +38,7 @@ from sparkpoint.checkpointing.storage import CheckpointStorage, checkpoint_stora
 from sparkpoint.clock import SystemClock
 from sparkpoint.errors import StaleAttemptError
 from sparkpoint.runtime.recovery import checkpoint_metadata
+from sparkpoint.signing import JOB_KEY_ENV, Signer, verify
 from sparkpoint.transport import FIELD, Streams, send_command
 
 TERMINAL = {p.JobStatus.FINISHED, p.JobStatus.CANCELED, p.JobStatus.FAILED}
@@ -73,9 +80,15 @@ class ScriptedControlPlane:
         self._end_of_input = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scripted-control-plane")
+        self.key = secrets.token_bytes(32)
+        self.signer = Signer(lambda _: self.key, f"scripted-{secrets.token_hex(8)}")
+        self._last_seq: dict[str, int] = {}
+        self._saved_key: str | None = None
 
     # ------------------------------------------------------------------ thread
     def __enter__(self) -> ScriptedControlPlane:
+        self._saved_key = os.environ.get(JOB_KEY_ENV)
+        os.environ[JOB_KEY_ENV] = self.key.hex()
         self._thread.start()
         return self
 
@@ -84,6 +97,22 @@ class ScriptedControlPlane:
             self._thread.join(timeout=30)
         self._stop.set()
         self._thread.join(timeout=10)
+        if self._saved_key is None:
+            os.environ.pop(JOB_KEY_ENV, None)
+        else:
+            os.environ[JOB_KEY_ENV] = self._saved_key
+
+    def _authentic(self, env: p.Envelope) -> None:
+        """Raise unless ``env`` is signed with the key and new from its sender."""
+        reason = verify(self.key, env)
+        if reason is None:
+            assert env.sender is not None and env.seq is not None
+            last = self._last_seq.get(env.sender, 0)
+            if env.seq <= last:
+                reason = f"replayed (seq {env.seq} of {env.sender}, last {last})"
+            self._last_seq[env.sender] = env.seq
+        if reason is not None:
+            raise AssertionError(f"{env.type} event of job {env.job_id}: {reason}")
 
     def _loop(self) -> None:
         last = "0-0"
@@ -94,6 +123,7 @@ class ScriptedControlPlane:
                     for entry_id, fields in entries:
                         last = entry_id.decode()
                         env, payload = p.decode(fields[FIELD])
+                        self._authentic(env)
                         self.received.append((env, payload))
                         self._handle(env, payload)
                         if self.on_event is not None:
@@ -128,7 +158,13 @@ class ScriptedControlPlane:
         self.sent.append(env)
         self.sent_ids.append(
             send_command(
-                self.client, self.streams, self.job_id, env.attempt, self.clock.now_ms(), payload
+                self.client,
+                self.streams,
+                self.job_id,
+                env.attempt,
+                self.clock.now_ms(),
+                payload,
+                signer=self.signer,
             )
         )
 

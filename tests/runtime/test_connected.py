@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +24,13 @@ from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.connected import ControlPlaneTimeoutError
 from sparkpoint.runtime.driver import JobDriver, JobFailedError, JobResult
+from sparkpoint.signing import JOB_KEY_ENV
 from sparkpoint.testing import FailureInjection, line_counts, uncommitted_files
-from sparkpoint.transport import COMMANDS_GROUP, FIELD, Streams, redis_client
+from sparkpoint.transport import COMMANDS_GROUP, FIELD, Streams
 
+from ..support.redis_server import REDIS_URL
 from .pv_harness import APPS, EPOCH_RECORDS, expected_every_lines, run_pv
 from .scripted_control_plane import ScriptedControlPlane
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    conn = redis_client(REDIS_URL)
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def streams(client: redis.Redis) -> Iterator[Streams]:
-    """Stream names of this test only; their keys are deleted afterwards."""
-    names = Streams(prefix=f"test-connected-{uuid.uuid4().hex}")
-    yield names
-    keys = list(client.scan_iter(match=f"{names.prefix}*"))
-    if keys:
-        client.delete(*keys)
 
 
 def connected_options(
@@ -143,7 +124,9 @@ def test_a_connected_job_commits_the_output_of_a_standalone_run(
     assert committed == set(cp.completed)
     decisions = {"checkpoint_triggered", "checkpoint_completed", "checkpoint_aborted"}
     assert not job_types(cp) & decisions
-    assert {e.attempt for e, _ in cp.received[1:]} == {1}
+    # (Liveness heartbeats carry the attempt of their instant: 0 until the first restore.)
+    events = [e for e, _ in cp.received[1:] if e.type != "driver_heartbeat"]
+    assert {e.attempt for e in events} == {1}
     # RUNNING names the session's Spark application, and each checkpoint's barrier epoch ran
     # as the Spark job group that the control plane shows beside the checkpoint.
     assert standalone.events is not None
@@ -339,8 +322,13 @@ def test_back_pressure_runs_no_epoch_while_nine_checkpoints_wait_for_completion(
 
 
 def test_no_answer_from_the_control_plane_fails_after_the_timeout(
-    tmp_path: Path, client: redis.Redis, streams: Streams
+    tmp_path: Path,
+    client: redis.Redis,
+    streams: Streams,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.setenv(JOB_KEY_ENV, "00" * 32)  # no control plane, but a key to sign with
     options = connected_options(tmp_path, "alone", streams, timeout_ms=300)
     env = StreamExecutionEnvironment(options)
     pv_count.build(env, ["--events", "100", "--output", str(tmp_path / "out")])
@@ -350,8 +338,13 @@ def test_no_answer_from_the_control_plane_fails_after_the_timeout(
     assert f"job {options.job_id}" in str(err.value)
     assert streams.commands(options.job_id) in str(err.value)
     sent = [p.decode(f[FIELD]) for _, f in client.xrange(streams.events)]
+    sent = [(e, payload) for e, payload in sent if e.type != "driver_heartbeat"]
     assert [(e.type, e.attempt) for e, _ in sent] == [("job_registered", 0), ("job_status", 0)]
     assert sent[1][1].status is p.JobStatus.FAILED
+    # The user was told at once what the job waits for, then how it ended.
+    said = capsys.readouterr().err
+    assert f"waiting for the control plane's answer on {streams.commands(options.job_id)}" in said
+    assert "FAILED" in said.splitlines()[-1]
 
 
 def _entry(entry_id: bytes | str) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from sparkpoint.options import JobOptions, parse_job_options
 from sparkpoint.runtime.authority import InProcessAuthority
 from sparkpoint.runtime.connected import ControlPlaneAuthority
 from sparkpoint.runtime.driver import JobDriver
+from sparkpoint.signing import JOB_KEY_ENV, SECRET_FILE, driver_job_key, job_key
 from sparkpoint.supervisor import SUPERVISED_ENV
 from sparkpoint.testing import ListSource
 
@@ -84,8 +85,9 @@ def test_sparkpoint_run_without_a_control_plane_exits_2_before_starting_the_driv
 
 @pytest.mark.parametrize("standalone", [True, False])
 def test_the_driver_runs_under_the_in_process_or_the_control_planes_authority(
-    tmp_path: Path, standalone: bool
+    tmp_path: Path, standalone: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(JOB_KEY_ENV, "00" * 32)
     options = JobOptions(
         job_id="which", standalone=standalone, redis_url="redis://127.0.0.1:6379/0"
     )
@@ -94,3 +96,15 @@ def test_the_driver_runs_under_the_in_process_or_the_control_planes_authority(
     driver = JobDriver(env.graph, options)
     expected = InProcessAuthority if standalone else ControlPlaneAuthority
     assert type(driver.authority) is expected
+
+
+def test_a_connected_driver_signs_with_its_key_from_the_environment_or_the_data_directory(
+    tmp_path: Path,
+) -> None:
+    assert driver_job_key("j", {JOB_KEY_ENV: "0a" * 32}) == bytes([10] * 32)
+    (tmp_path / SECRET_FILE).write_text("ff" * 32 + "\n")
+    derived = driver_job_key("j", {"SPARKPOINT_DATA_DIR": str(tmp_path)})
+    assert derived == job_key(bytes([255] * 32), "j") != job_key(bytes([255] * 32), "k")
+    with pytest.raises(ConfigurationError) as err:
+        driver_job_key("j", {"SPARKPOINT_DATA_DIR": str(tmp_path / "elsewhere")})
+    assert "job j cannot sign its events" in str(err.value) and JOB_KEY_ENV in str(err.value)

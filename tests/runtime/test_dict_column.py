@@ -13,7 +13,7 @@ import pytest
 from sparkpoint.connectors.sinks import format_json_lines
 from sparkpoint.connectors.sources import GeneratorSource, _mix64
 from sparkpoint.functions import CountOperator, select_keys
-from sparkpoint.graph import JobGraph, KeyedVertex, SourceVertex
+from sparkpoint.graph import KeyedVertex
 from sparkpoint.records import Batch, DictColumn
 from sparkpoint.runtime.tasks import _route
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
@@ -126,11 +126,11 @@ def test_key_groups_of_a_dict_column_equal_the_scalar_key_group(
 def test_routing_a_dict_column_splits_the_records_as_the_decoded_column_does() -> None:
     src = GeneratorSource(events=10_000, apps=37, rate=0)
     op = CountOperator("pv", "app_id", "pv", "epoch")
-    graph = JobGraph("x", SourceVertex("s", src), KeyedVertex(op, 3, 128))
+    keyed = KeyedVertex(op, 3, 128, inputs=("s",))
     encoded = src.read(1, 100, 2100)
     plain = Batch.of_columns(**{n: np.asarray(c) for n, c in encoded.columns.items()})
-    routed = [(t, b.rows) for t, b in _route(encoded, graph, 3)]
-    assert routed == [(t, b.rows) for t, b in _route(plain, graph, 3)]
+    routed = [(t, b.rows) for t, b in _route(encoded, keyed, 3)]
+    assert routed == [(t, b.rows) for t, b in _route(plain, keyed, 3)]
     assert sum(len(rows) for _, rows in routed) == 2000
 
 

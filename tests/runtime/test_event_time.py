@@ -22,7 +22,7 @@ from sparkpoint.runtime.plan import EpochPlan, SplitRange, StateInput
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import key_group_range
-from sparkpoint.testing import ListSource
+from sparkpoint.testing import ListSource, snapshot_blob
 from sparkpoint.watermarks import MAX_WATERMARK, MIN_WATERMARK, Watermark, WatermarkValve
 from sparkpoint.windows import SlidingEventTimeWindows, TumblingEventTimeWindows, WindowOperator
 
@@ -215,7 +215,7 @@ def test_a_restore_keeps_pending_timers_window_contents_and_watermarks(paralleli
         backend.channel_watermarks.update({0: 19, 1: 25})
         fired_before = _advance(op, backend, 19)
         assert all(r["window_end"] <= 20 for r in fired_before)
-        old.append((backend.snapshot(), fired_before))
+        old.append((snapshot_blob(backend), fired_before))
     fired = [r for _, before in old for r in before]
     for subtask in range(parallelism):
         restored = HashMapKeyedStateBackend.restore(
@@ -278,7 +278,7 @@ def _window_plan(tmp_path: Path, barrier_offset: int | None) -> EpochPlan:
             SplitRange(1, "list-1", 0, 4, barrier_offset),
         ),
         barrier=CheckpointBarrier(1, 0) if barrier_offset is not None else None,
-        state_inputs=(StateInput(),),
+        state_inputs={"win": (StateInput(),)},
         committed_up_to=0,
         storage=FileSystemCheckpointStorage(str(tmp_path / "chk")),
         local_dir=str(tmp_path / "local"),

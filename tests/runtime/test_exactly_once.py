@@ -1,8 +1,9 @@
 """Exactly-once, proven: fail the PV job at several points, let it restore, compare output.
 
 Every run's committed output (as a multiset of lines) must equal the failure-free run's, and
-both must equal what the source implies (pv 1..n for an app with n events). At-least-once
-mode with the same failure must show duplicates.
+both must equal what the source implies (pv 1..n for an app with n events), with every state
+backend: hashmap, rocksdb with full and with incremental checkpoints. At-least-once mode with
+the same failure must show duplicates.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from sparkpoint.protocol import JobStatus
 from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection, line_counts
 
-from .pv_harness import EVENTS, expected_every_lines, hidden_files, run_pv, true_counts
+from .pv_harness import (
+    BACKENDS,
+    EVENTS,
+    expected_every_lines,
+    hidden_files,
+    run_pv,
+    true_counts,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -74,14 +82,16 @@ def latest_completed_before_failure(result: JobResult) -> int | None:
         ),
     ],
 )
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_exactly_once_after_failure(
     spark: Any,
     tmp_path: Path,
     baseline: Counter[str],
     failure: FailureInjection,
     restores_a_checkpoint: bool,
+    backend: tuple[str, bool],
 ) -> None:
-    result, out = run_pv(spark, tmp_path, "failed", failure=failure)
+    result, out = run_pv(spark, tmp_path, "failed", failure=failure, backend=backend)
     assert result.status is JobStatus.FINISHED
     restored = latest_completed_before_failure(result)
     assert (restored is not None) is restores_a_checkpoint
@@ -121,13 +131,16 @@ def test_at_least_once_mode_without_failure_is_exact(
     assert line_counts(out) == baseline
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_subtasks_that_move_between_workers_read_the_durable_working_state(
-    spark: Any, tmp_path: Path, baseline: Counter[str]
+    spark: Any, tmp_path: Path, baseline: Counter[str], backend: tuple[str, bool]
 ) -> None:
     """Every Python worker acts as its own executor: the local copy of the last epoch's state
     is almost never where the next epoch's task runs, so the durable copy must be read."""
     failure = FailureInjection("keyed", subtask=0, records=300, at_epoch=4)
-    result, out = run_pv(spark, tmp_path, "moving", isolate_workers=True, failure=failure)
+    result, out = run_pv(
+        spark, tmp_path, "moving", isolate_workers=True, failure=failure, backend=backend
+    )
     assert result.restores == [latest_completed_before_failure(result)]  # only the injected one
     assert line_counts(out) == baseline
     chk = tmp_path / "moving" / "chk" / "pv-moving"

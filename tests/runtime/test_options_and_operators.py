@@ -64,9 +64,10 @@ def test_graph_checks_uids_and_shape(tmp_path: object) -> None:
     stream = env.from_source(ListSource((1, 2)), uid="src")
     with pytest.raises(ConfigurationError, match="uid 'src' is used twice"):
         stream.map(lambda x: x, uid="src")
-    keyed = stream.map(lambda x: {"k": x}, uid="m").key_by("k").count(uid="c")
-    with pytest.raises(ConfigurationError, match="one key_by"):
-        keyed.key_by("k")
+    mapped = stream.map(lambda x: {"k": x}, uid="m")
+    keyed = mapped.key_by("k").count(uid="c")
+    with pytest.raises(ConfigurationError, match="keyed twice"):
+        mapped.key_by("k")  # a stream feeds one keyed vertex (a keyed one may feed another)
     with pytest.raises(ConfigurationError, match="has no sink"):
         env.execute("no-sink")
     keyed.sink_to(FileSink(str(tmp_path)), uid="out")
@@ -133,3 +134,34 @@ def test_without_restart_options_flinks_default_strategy_applies() -> None:
 def test_a_restart_option_outside_restart_strategy_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="--restart-option takes restart-strategy"):
         parse_job_options(["--standalone", "--restart-option", "parallelism.default=4"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--incremental"], "--incremental needs --state-backend rocksdb"),
+        (
+            ["--state-backend", "rocksdb", "--incremental"],
+            "--incremental needs a filesystem checkpoint storage",
+        ),
+        (["--savepoint-on-finish", "/sp"], "--savepoint-on-finish is for --standalone jobs"),
+    ],
+)
+def test_state_options_that_do_not_go_together_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse_job_options(["--redis-url", "redis://127.0.0.1:1", *argv])
+
+
+def test_incremental_checkpoints_keep_one_checkpoint_in_flight() -> None:
+    from dataclasses import replace
+
+    from sparkpoint.checkpointing.config import CheckpointConfig
+    from sparkpoint.options import check_state_options
+
+    options, _ = parse_job_options(
+        ["--standalone", "--state-backend", "rocksdb", "--incremental", "--checkpoint-dir", "/c"]
+    )
+    assert (options.state_backend, options.incremental) == ("rocksdb", True)
+    concurrent = replace(options, checkpoint=CheckpointConfig(max_concurrent=2))
+    with pytest.raises(ConfigurationError, match="keep one checkpoint in flight"):
+        check_state_options(concurrent)

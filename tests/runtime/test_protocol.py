@@ -91,7 +91,22 @@ def test_messages_above_the_size_limit_are_refused() -> None:
 
 def test_every_payload_type_is_registered_once() -> None:
     names = [cls.model_fields["type"].default for cls in p.PAYLOAD_TYPES.values()]
-    assert len(names) == len(set(names)) == 23
+    assert len(names) == len(set(names)) == 24
+
+
+def test_driver_heartbeats_and_registrations_of_older_drivers_decode() -> None:
+    beat = p.DriverHeartbeat(incarnation="abc", host_time=7)
+    assert p.decode(p.encode(p.envelope("job-1", 3, 5, beat)))[1] == beat
+    older = {  # a driver from before heartbeats: no interval, no previous failure
+        "type": "job_registered",
+        "job_id": "job-1",
+        "attempt": 0,
+        "timestamp": 5,
+        "payload": {"job_name": "pv", "vertices": [], "edges": [], "config": {}},
+    }
+    _, registered = p.decode(older)
+    assert isinstance(registered, p.JobRegistered)
+    assert (registered.heartbeat_interval_ms, registered.previous_failure) == (None, None)
 
 
 def test_job_status_names_the_spark_application_and_older_events_stay_valid() -> None:
@@ -121,3 +136,32 @@ def test_job_status_names_the_spark_application_and_older_events_stay_valid() ->
 
 def test_the_spark_job_group_names_the_job_its_attempt_and_the_epoch() -> None:
     assert p.spark_job_group("pv-count", 2, 17) == "sparkpoint-pv-count-a2-e17"
+
+
+def _registration(vertices: int, parallelism: int) -> bytes:
+    graph = p.JobRegistered(
+        job_name="big",
+        vertices=[
+            p.VertexModel(id=f"v{i}", name=f"v{i}", parallelism=1, operators=[f"v{i}"])
+            for i in range(2)
+        ],
+        edges=[],
+        config={},
+    )
+    env = p.envelope("job-1", 0, 1_700_000_000_000, graph)
+    raw = json.loads(env.model_dump_json())
+    raw["payload"]["vertices"] = [
+        {"id": f"v{i}", "name": f"v{i}", "parallelism": parallelism, "operators": [f"v{i}"]}
+        for i in range(vertices)
+    ]
+    return json.dumps(raw).encode()
+
+
+def test_a_registration_of_a_graph_too_large_to_track_is_refused() -> None:
+    """A few hundred bytes must not make the control plane track millions of subtasks."""
+    _, graph = p.decode(_registration(4, 25_000))  # 100,000 subtasks: the limit
+    assert isinstance(graph, p.JobRegistered) and len(graph.vertices) == 4
+    with pytest.raises(p.ProtocolError, match=r"100004 subtasks .* at most 100000"):
+        p.decode(_registration(4, 25_001))
+    with pytest.raises(p.ProtocolError, match="1001 vertices; at most 1000"):
+        p.decode(_registration(1_001, 1))

@@ -51,7 +51,7 @@ def _plan(
             SplitRange(1, "list-1", 0, 4, barrier_offset),
         ),
         barrier=CheckpointBarrier(1, 0),
-        state_inputs=(state or StateInput(),),
+        state_inputs={"cnt": (state or StateInput(),)},
         committed_up_to=0,
         storage=FileSystemCheckpointStorage(str(tmp_path / "chk")),
         local_dir=str(tmp_path / "local"),

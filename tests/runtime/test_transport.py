@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,25 +23,6 @@ from sparkpoint.transport import (
     send_command,
     send_commands,
 )
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    conn = redis_client(REDIS_URL)
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def streams(client: redis.Redis) -> Iterator[Streams]:
-    """Stream names of this test only; their keys are deleted afterwards."""
-    names = Streams(prefix=f"test-{uuid.uuid4().hex}")
-    yield names
-    keys = list(client.scan_iter(match=f"{names.prefix}:*"))
-    if keys:
-        client.delete(*keys)
 
 
 def _heartbeat(epoch: int, job_id: str = "job-1", attempt: int = 1) -> p.Envelope:

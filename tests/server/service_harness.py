@@ -89,7 +89,15 @@ class Harness:
         self.plane.handle_batch(messages)
         self.plane.wait_idle()
 
-    def register(self, incarnation: str = "driver-1", **config: Any) -> None:
+    def register(
+        self,
+        incarnation: str = "driver-1",
+        *,
+        heartbeat_interval_ms: int | None = None,
+        previous_failure: str | None = None,
+        **config: Any,
+    ) -> None:
+        """``job_registered``; ``heartbeat_interval_ms``: a driver that sends heartbeats."""
         conf = {
             "mode": "exactly_once",
             "interval_ms": 1000,
@@ -111,8 +119,14 @@ class Harness:
                 edges=[("source", "pv")],
                 config=conf,
                 incarnation=incarnation,
+                heartbeat_interval_ms=heartbeat_interval_ms,
+                previous_failure=previous_failure,
             ),
         )
+
+    def driver_heartbeat(self, attempt: int, incarnation: str = "driver-1") -> None:
+        """The driver process ``incarnation`` is alive."""
+        self.send(attempt, p.DriverHeartbeat(incarnation=incarnation, host_time=0))
 
     def running(self, attempt: int, **spark: str | None) -> None:
         """RUNNING under ``attempt``; ``spark``: ``spark_application_id``, ``spark_ui_url``."""

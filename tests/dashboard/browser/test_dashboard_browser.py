@@ -1,8 +1,9 @@
 """The dashboard in headless Chromium against a real control plane and a real PV job.
 
-One job serves every test, in this order: the pages show what the API says (jobs, overview,
-checkpoints, one checkpoint's timeline), a savepoint triggered from the page completes, an
-invalid restart strategy is refused without a change, and last a restore to a retained
+One job serves every test, in this order: the pages show what the API says (jobs, a job's
+name shown as text even when it is markdown, overview, checkpoints, one checkpoint's
+timeline), a savepoint triggered from the page completes, an invalid restart strategy is
+refused without a change, and last a restore to a retained
 checkpoint (it starts a new attempt, so it comes after the tests that read attempt 1). The
 browser console stays free of errors, and each page is saved to ``docs/screenshots/``. The very
 last test stops the control plane: the banner says so, the page keeps its data.
@@ -11,6 +12,8 @@ last test stops the control plane: the banner says so, the page keeps its data.
 from __future__ import annotations
 
 import re
+import time
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,8 +22,10 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 
+from sparkpoint import protocol as p
+from sparkpoint.transport import RedisEventSink, Streams, redis_client
 from sparkpoint_dashboard import ids
-from tests.e2e.control_plane import TOKEN, ServerProcess, wait_for
+from tests.e2e.control_plane import REDIS_URL, TOKEN, ServerProcess, wait_for
 
 from .conftest import Job
 from .dashboard_page import HEIGHT, WIDTH, DashboardPage, pattern_id_xpath
@@ -133,6 +138,49 @@ def test_jobs_page_lists_the_running_job(page: DashboardPage, job: Job) -> None:
     assert last, shown
     assert shown["_links"]["last_checkpoint"] == f"{job_path(job)}/checkpoints/{last[1]}"
     assert_screenshot(page.screenshot("jobs"))
+
+
+HOSTILE_NAME = "x\\](http://evil.example/phish) \\[ <http://evil.example/auto>"
+
+
+def _register_hostile_job(server: ServerProcess, workdir: Path) -> str:
+    """A job whose name is markdown and an autolink, registered through the events stream as
+    any driver would (its configuration is refused: it is FAILED at once, and listed)."""
+    job_id = f"hostile-{uuid.uuid4().hex[:8]}"
+    payload = p.JobRegistered(
+        job_name=HOSTILE_NAME,
+        vertices=[p.VertexModel(id="src", name="src", parallelism=1, operators=["src"])],
+        edges=[],
+        config={"checkpoint_dir": str(workdir / "hostile")},
+    )
+    client = redis_client(REDIS_URL)
+    try:
+        RedisEventSink(client, Streams(server.prefix), signer=server.signer()).publish(
+            [p.envelope(job_id, 0, int(time.time() * 1000), payload)]
+        )
+    finally:
+        client.close()
+    return job_id
+
+
+def test_a_job_name_is_shown_as_text_never_as_a_link(
+    page: DashboardPage, job: Job, server: ServerProcess, workdir: Path
+) -> None:
+    hostile = _register_hostile_job(server, workdir)
+    page.open("/", ids.JOBS_GRID)
+
+    def row() -> dict[str, Any] | None:
+        rows = page.grid_rows(ids.JOBS_GRID)
+        return next((r for r in rows if r["_links"].get("job") == f"/jobs/{hostile}"), None)
+
+    shown = page.wait("the hostile job's row", row)
+    assert shown["job"] == f"{HOSTILE_NAME} · {hostile[:8]}…"
+    hrefs = page.driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(a => a.getAttribute('href'))",
+        f"#{ids.JOBS_GRID} a",
+    )
+    assert hrefs and all(h.startswith("/jobs/") for h in hrefs), hrefs
+    assert "evil.example" not in " ".join(hrefs)
 
 
 def test_overview_shows_the_job_running(page: DashboardPage, job: Job, api: httpx.Client) -> None:
@@ -257,9 +305,9 @@ def timeline_label(name: str, operator_id: str, index: int) -> str:
 
 
 def test_a_savepoint_triggered_from_the_page_completes(
-    page: DashboardPage, job: Job, api: httpx.Client, tmp_path: Path
+    page: DashboardPage, job: Job, api: httpx.Client, workdir: Path
 ) -> None:
-    target = tmp_path / "savepoints"
+    target = workdir / "savepoints"  # under the server's storage roots
     page.open(job_path(job), ids.ACT_SAVEPOINT, ids.OPERATIONS_LOG)
     ensure_token(page)
     page.type_into(page.by_id(ids.ACT_SAVEPOINT_DIR), str(target))

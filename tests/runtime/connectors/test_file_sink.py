@@ -31,7 +31,7 @@ def test_lines_become_visible_only_when_committed(tmp_path: Path) -> None:
     assert committed_lines(str(tmp_path)) == ['{"a": 1}', '{"a": 2}']
     assert sink.commit("sink", txn) == 0  # idempotent
     assert committed_lines(str(tmp_path)) == ['{"a": 1}', '{"a": 2}']
-    assert sink.abort_uncommitted("sink", keep=set()) == 1
+    assert sink.abort_uncommitted("0123456789", "sink", keep=set()) == 1
     assert uncommitted_files(str(tmp_path)) == []
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import pickle
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,49 +14,11 @@ import sqlalchemy as sa
 from sqlalchemy import BigInteger, String
 
 from sparkpoint.connectors.sinks import WriterContext
-from sparkpoint.connectors.sql_sink import SqlSink, SqlSinkUnavailableError, dispose_engines
+from sparkpoint.connectors.sql_sink import SqlSink, SqlSinkUnavailableError
 from sparkpoint.errors import CheckpointError, ConfigurationError
 from sparkpoint.records import Batch, DictColumn
 
-PG_URL = os.environ.get(
-    "SPARKPOINT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 COLUMNS: dict[str, Any] = {"app_id": String, "pv": BigInteger}
-
-
-@pytest.fixture(scope="session")
-def pg_engine() -> Iterator[sa.Engine]:
-    """PostgreSQL for the suite (.ci/run starts it); unreachable: CI fails, elsewhere skips."""
-    engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 5})
-    try:
-        engine.connect().close()
-    except sa.exc.OperationalError as err:
-        engine.dispose()
-        reason = f"PostgreSQL at {PG_URL} is not reachable ({err.orig})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}; .ci/run should have started it")
-        pytest.skip(reason=reason)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(URL, a table name of this test's own); the sink's three tables are dropped after."""
-    table = f"sp_test_{uuid.uuid4().hex[:12]}"
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'sink.db'}"
-        engine = sa.create_engine(url)
-    else:
-        engine = request.getfixturevalue("pg_engine")
-        url = PG_URL
-    yield url, table
-    dispose_engines()
-    with engine.begin() as conn:
-        for suffix in ("", "__sparkpoint_staged", "__sparkpoint_commits"):
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}{suffix}")
-    if request.param == "sqlite":
-        engine.dispose()
 
 
 def _ctx(epoch: int = 0, task_attempt: int = 7, subtask: int = 0) -> WriterContext:
@@ -96,7 +57,7 @@ def test_rows_become_visible_only_when_committed(db: tuple[str, str]) -> None:
     assert _rows(url, table) == [("a", 1), ("b", 1)]
     assert _count(url, sink.staged_table) == 1  # the open transaction's row stays staged
     assert _count(url, sink.commits_table) == 1
-    assert sink.abort_uncommitted("sink", keep=set()) == 1
+    assert sink.abort_uncommitted("0123456789", "sink", keep=set()) == 1
     assert _count(url, sink.staged_table) == 0
     assert _rows(url, table) == [("a", 1), ("b", 1)]
 
@@ -162,11 +123,11 @@ def test_abort_removes_staged_parts_not_kept(db: tuple[str, str]) -> None:
     other = SqlSink(url, table, COLUMNS).writer(WriterContext("j", "other", 0, 1, 0, 0), None)
     other.write(Batch.of_rows([{"app_id": "other", "pv": 1}]))
     other.close_epoch()
-    assert sink.abort_uncommitted("sink", keep=set(kept.parts)) == 2
+    assert sink.abort_uncommitted("0123456789", "sink", keep=set(kept.parts)) == 2
     assert _count(url, sink.staged_table) == 2  # the kept part and sink "other"'s part
     assert sink.commit("sink", kept) == 1
     assert _rows(url, table) == [("keep", 1)]
-    assert sink.abort_uncommitted("other", keep=set()) == 1
+    assert sink.abort_uncommitted("j", "other", keep=set()) == 1
     assert _count(url, sink.staged_table) == 0
 
 
@@ -279,3 +240,49 @@ def test_the_sink_pickles_without_an_engine_and_works_after(db: tuple[str, str])
     writer.write(Batch.of_columns(app_id=DictColumn(codes, ["p", "q"]), pv=np.array([1, 1, 2])))
     assert copy.commit("sink", writer.pre_commit(1)) == 1
     assert _rows(url, table) == [("p", 1), ("p", 2), ("q", 1)]
+
+
+class _CommitsAfterFirstStatement:
+    """A connection that lets ``then`` run after its first statement (step 1 of a commit)."""
+
+    def __init__(self, conn: Any, then: Callable[[], Any]) -> None:
+        self._conn, self._then = conn, then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._conn.execute(*args, **kwargs)
+        then, self._then = self._then, lambda: None
+        then()
+        return result
+
+
+# PostgreSQL only: on SQLite the write lock (BEGIN IMMEDIATE) runs two commits one after the
+# other, so they cannot race.
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_a_commit_that_races_another_commit_of_the_transaction_is_a_no_op(
+    db: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The original job and a job restored from its checkpoint commit it at the same time."""
+    url, table = db
+    sink = SqlSink(url, table, COLUMNS)
+    writer = sink.writer(_ctx(), None)
+    writer.write(Batch.of_rows([{"app_id": "a", "pv": 1}, {"app_id": "a", "pv": 2}]))
+    txn = writer.pre_commit(1)
+    original = pickle.loads(pickle.dumps(sink))
+    opened = SqlSink._transaction
+
+    @contextmanager
+    def racing(self: SqlSink, purpose: str) -> Iterator[Any]:
+        with opened(self, purpose) as conn:
+            if self is sink and purpose.startswith("commit"):
+                # The original's commit runs after this one found no commit-log row.
+                yield _CommitsAfterFirstStatement(conn, lambda: original.commit("sink", txn))
+            else:
+                yield conn
+
+    monkeypatch.setattr(SqlSink, "_transaction", racing)
+    assert sink.commit("sink", txn) == 0
+    assert _rows(url, table) == [("a", 1), ("a", 2)]
+    assert _count(url, sink.commits_table) == 1

@@ -1,4 +1,8 @@
-"""The hashmap keyed state backend: state semantics, snapshots, restore with rescaling."""
+"""The hashmap keyed state backend: construction, sizes, the canonical snapshot's bytes,
+restore checks, and the legacy pickled (``SPKS``) snapshots that still restore.
+
+The behaviour every backend shares (state semantics, canonical round trips, restore with
+rescaling) is in test_backend_contract.py."""
 
 from __future__ import annotations
 
@@ -9,24 +13,15 @@ from typing import Any
 import pytest
 
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
-from sparkpoint.state.descriptors import (
-    ListStateDescriptor,
-    MapStateDescriptor,
-    NoCurrentKeyError,
-    ValueStateDescriptor,
-)
+from sparkpoint.state import canonical, snapshot_format
+from sparkpoint.state.backend import StateInfo
+from sparkpoint.state.descriptors import ListStateDescriptor, ValueStateDescriptor
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
-from sparkpoint.state.key_groups import (
-    KeyGroupOutOfRangeError,
-    KeyGroupRange,
-    key_group_for,
-    key_group_range,
-)
+from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange, key_group_for
+from sparkpoint.state.serializers import PICKLE, encode_key, encode_value
+from sparkpoint.testing import MemorySnapshotTarget, snapshot_blob
 
-FULL = KeyGroupRange(0, 127)
-COUNT = ValueStateDescriptor("count", default=0)
-EVENTS = ListStateDescriptor("events")
-LAST_SEEN = MapStateDescriptor("last-seen")
+from .conftest import COUNT, EVENTS, FULL, contents, fill
 
 
 @pytest.fixture
@@ -34,162 +29,7 @@ def backend() -> HashMapKeyedStateBackend:
     return HashMapKeyedStateBackend(128, FULL)
 
 
-def _contents(backend: HashMapKeyedStateBackend) -> dict[str, dict[Any, Any]]:
-    return {name: dict(backend.table(name)) for name in backend.states}
-
-
-# ----------------------------------------------------------------------------- value state
-
-
-def test_value_state_per_key(backend: HashMapKeyedStateBackend) -> None:
-    count = backend.get_state(COUNT)
-    backend.set_current_key("a")
-    assert count.value() == 0  # the default
-    count.update(count.value() + 1)
-    count.update(count.value() + 1)
-    backend.set_current_key("b")
-    assert count.value() == 0
-    count.update(5)
-    backend.set_current_key("a")
-    assert count.value() == 2
-    assert backend.table("count") == {"a": 2, "b": 5}
-    assert backend.current_key == "a" and backend.current_key_group == 55
-
-
-def test_value_state_clear_and_update_none(backend: HashMapKeyedStateBackend) -> None:
-    plain = backend.get_state(ValueStateDescriptor("plain"))
-    backend.set_current_key(1)
-    assert plain.value() is None
-    plain.update("x")
-    assert plain.value() == "x"
-    plain.update(None)  # as Flink's update(null): clears
-    assert plain.value() is None and backend.table("plain") == {}
-    plain.update("y")
-    plain.clear()
-    assert plain.value() is None and backend.table("plain") == {}
-    plain.clear()  # clearing an absent value is fine
-    assert backend.num_keys() == 0
-
-
-def test_value_state_mutable_default_is_not_shared(backend: HashMapKeyedStateBackend) -> None:
-    seen = backend.get_state(ValueStateDescriptor("seen", default=[]))
-    backend.set_current_key("a")
-    seen.value().append(1)  # a copy: changing it changes nothing
-    backend.set_current_key("b")
-    assert seen.value() == []
-    assert backend.table("seen") == {}
-
-
-# ----------------------------------------------------------------------------- list state
-
-
-def test_list_state(backend: HashMapKeyedStateBackend) -> None:
-    events = backend.get_state(EVENTS)
-    backend.set_current_key("a")
-    assert events.get() == []
-    events.add(1)
-    events.add(None)
-    events.add_all([2, 3])
-    events.add_all([])
-    assert events.get() == [1, None, 2, 3]
-    got = events.get()
-    got.append(99)  # a copy
-    assert events.get() == [1, None, 2, 3]
-    backend.set_current_key("b")
-    events.add_all(iter([7]))
-    assert events.get() == [7]
-    events.update([8, 9])
-    assert events.get() == [8, 9]
-    events.update([])
-    assert events.get() == []
-    backend.set_current_key("a")
-    events.clear()
-    assert events.get() == [] and backend.table("events") == {}
-
-
-# ----------------------------------------------------------------------------- map state
-
-
-def test_map_state(backend: HashMapKeyedStateBackend) -> None:
-    last = backend.get_state(LAST_SEEN)
-    backend.set_current_key("a")
-    assert last.is_empty() and last.get("x") is None and not last.contains("x")
-    assert last.keys() == [] and last.values() == [] and last.items() == []
-    last.put("x", 1)
-    last.put_all({"y": 2, "z": 3})
-    last.put_all({})
-    last.put("x", 10)
-    assert last.get("x") == 10 and last.contains("y") and not last.is_empty()
-    assert last.keys() == ["x", "y", "z"]
-    assert last.values() == [10, 2, 3]
-    assert last.items() == [("x", 10), ("y", 2), ("z", 3)]
-    last.remove("y")
-    last.remove("missing")
-    assert last.items() == [("x", 10), ("z", 3)]
-    backend.set_current_key("b")
-    assert last.is_empty()
-    last.put_all({"k": "v"})
-    last.remove("k")  # the last entry: the key has no map state any more
-    assert backend.table("last-seen") == {"a": {"x": 10, "z": 3}}
-    backend.set_current_key("a")
-    last.clear()
-    assert last.is_empty() and backend.num_keys() == 0
-
-
-# ----------------------------------------------------------------------------- errors
-
-
-def test_state_without_current_key_is_refused(backend: HashMapKeyedStateBackend) -> None:
-    count = backend.get_state(COUNT)
-    with pytest.raises(NoCurrentKeyError) as info:
-        count.value()
-    assert str(info.value) == (
-        "keyed state 'count' was accessed with no current key: keyed state is only available "
-        "in a keyed operator, after set_current_key(key)"
-    )
-    with pytest.raises(NoCurrentKeyError, match="no current key"):
-        backend.get_state(EVENTS).add(1)
-    with pytest.raises(NoCurrentKeyError, match="no current key"):
-        backend.get_state(LAST_SEEN).put(1, 2)
-    with pytest.raises(NoCurrentKeyError, match=r"call set_current_key\(key\) first"):
-        _ = backend.current_key
-
-
-def test_key_outside_the_backend_range_is_refused() -> None:
-    backend = HashMapKeyedStateBackend(128, KeyGroupRange(0, 42))
-    backend.set_current_key("c")  # key group 15
-    with pytest.raises(KeyGroupOutOfRangeError) as info:
-        backend.set_current_key("a")  # key group 55
-    assert str(info.value) == (
-        "key 'a' is in key group 55, outside the key group range [0, 42] of this state backend "
-        "(max_parallelism 128)"
-    )
-    assert backend.current_key == "c"  # unchanged
-    with pytest.raises(KeyGroupOutOfRangeError, match="key group 100"):
-        backend.set_current_key("a", key_group=100)
-
-
-def test_precomputed_key_group(backend: HashMapKeyedStateBackend) -> None:
-    backend.set_current_key("a", key_group=55)
-    assert backend.current_key_group == 55
-
-
-def test_state_name_with_another_kind_is_refused(backend: HashMapKeyedStateBackend) -> None:
-    backend.get_state(COUNT)
-    with pytest.raises(ConfigurationError) as info:
-        backend.get_state(ListStateDescriptor("count"))
-    assert str(info.value) == (
-        "keyed state 'count' is a value state; it cannot be used as a list state"
-    )
-
-
-def test_unknown_table_is_refused(backend: HashMapKeyedStateBackend) -> None:
-    backend.get_state(COUNT)
-    with pytest.raises(ConfigurationError) as info:
-        backend.table("sum")
-    assert str(info.value) == (
-        "no keyed state named 'sum' (registered: count); call get_state(descriptor) first"
-    )
+# ----------------------------------------------------------------------------- construction
 
 
 @pytest.mark.parametrize(
@@ -213,16 +53,7 @@ def test_invalid_construction(make: Any, message: str) -> None:
     assert message in str(info.value)
 
 
-# ----------------------------------------------------------------------------- raw tables
-
-
-def test_raw_table_for_vectorized_operators(backend: HashMapKeyedStateBackend) -> None:
-    backend.get_state(COUNT)
-    counts = backend.table("count")
-    for key, n in {"a": 3, "b": 1}.items():  # what a batch count operator does
-        counts[key] = counts.get(key, 0) + n
-    backend.set_current_key("a")
-    assert backend.get_state(COUNT).value() == 3
+# ----------------------------------------------------------------------------- raw keys
 
 
 def test_snapshot_refuses_a_raw_key_outside_the_range() -> None:
@@ -230,12 +61,16 @@ def test_snapshot_refuses_a_raw_key_outside_the_range() -> None:
     backend.get_state(COUNT)
     backend.table("count")["c"] = 1
     backend.table("count")["a"] = 2  # key group 55: written around set_current_key's check
+    capture = backend.snapshot(1, native=False)  # the synchronous part only copies
+    target = MemorySnapshotTarget(1, backend.key_group_range)
     with pytest.raises(KeyGroupOutOfRangeError) as info:
-        backend.snapshot()
+        capture.materialize(target)
+    capture.release()
     assert str(info.value) == (
         "keyed state 'count' holds key 'a' of key group 55, outside the key group range "
-        "[0, 42] of this state backend (max_parallelism 128)"
+        "[0, 42] of the snapshot (max_parallelism 128)"
     )
+    assert target.blobs == []
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -260,7 +95,7 @@ def test_num_keys_and_state_size(backend: HashMapKeyedStateBackend) -> None:
 
 def test_state_size_is_scaled_from_a_sample(backend: HashMapKeyedStateBackend) -> None:
     backend.get_state(COUNT)
-    backend.table("count").update({i: 10**6 + i for i in range(1000)})
+    backend.table("count").put_many(list(range(1000)), [10**6 + i for i in range(1000)])
     per_entry = sys.getsizeof(10**6)  # small ints and large ints have different sizes
     sample = sum(sys.getsizeof(i) for i in range(256)) + 256 * per_entry
     assert backend.state_size() == round(sample * 1000 / 256)
@@ -269,146 +104,152 @@ def test_state_size_is_scaled_from_a_sample(backend: HashMapKeyedStateBackend) -
 # ----------------------------------------------------------------------------- snapshots
 
 
-def _fill(backend: HashMapKeyedStateBackend, keys: list[Any]) -> None:
-    count = backend.get_state(COUNT)
-    events = backend.get_state(EVENTS)
-    last = backend.get_state(LAST_SEEN)
-    for i, key in enumerate(keys):
-        backend.set_current_key(key)
-        count.update(i + 1)
-        if i % 2 == 0:
-            events.add_all([i, str(i)])
-        if i % 3 == 0:
-            last.put(("page", i), float(i))
-
-
 def test_snapshot_format(backend: HashMapKeyedStateBackend) -> None:
     count = backend.get_state(COUNT)
     backend.get_state(EVENTS)  # registered, never written
     for key, value in (("a", 1), ("c", 2), (8, 3)):
         backend.set_current_key(key)
         count.update(value)
-    blob = backend.snapshot()
-    assert blob[:5] == b"SPKS\x01"
-    assert pickle.loads(blob[5:]) == {
-        "max_parallelism": 128,
-        "key_group_range": (0, 127),
-        "states": {"count": "value", "events": "list"},
-        "groups": {55: {"count": {"a": 1}}, 15: {"count": {"c": 2}}, 48: {"count": {8: 3}}},
-        "watermarks": {},  # the operator's channel watermarks (event time)
+    backend.channel_watermarks = {1: 2000, 0: 1000}  # the operator's event-time state
+    blob = snapshot_blob(backend)
+    assert blob[:5] == b"SPKV\x01"  # canonical, format version 1
+    snap = canonical.decode_snapshot(blob, "the snapshot")
+    assert (snap.max_parallelism, snap.key_group_range) == (128, FULL)
+    assert (snap.backend, snap.changelog) == ("hashmap", False)
+    assert snap.states == {
+        "count": StateInfo("count", "value", "pickle"),
+        "events": StateInfo("events", "list", "pickle"),
     }
+    assert snap.watermarks == {0: 1000, 1: 2000}
+    assert snap.key_groups() == [15, 48, 55]
+    assert list(snap.entries()) == [
+        (15, "count", "c", 2),
+        (48, "count", 8, 3),
+        (55, "count", "a", 1),
+    ]
+    count_bytes = sum(
+        len(encode_key(k)) + len(encode_value("value", PICKLE, v))
+        for k, v in (("a", 1), ("c", 2), (8, 3))
+    )
+    assert snap.state_sizes() == {"count": (3, count_bytes), "events": (0, 0)}
+    assert snap.entry_count == 3 and snap.size == len(blob)
+
+
+def test_equal_state_gives_equal_bytes() -> None:
+    keys: list[Any] = [f"k-{i}" for i in range(50)] + list(range(50))
+    first, second = HashMapKeyedStateBackend(128, FULL), HashMapKeyedStateBackend(128, FULL)
+    fill(first, keys)
+    fill(second, keys)  # the same state, built in another order and with a detour
+    second.set_current_key("k-0")
+    second.get_state(EVENTS).add("gone")
+    second.get_state(EVENTS).update([0, "0"])
+    reordered = HashMapKeyedStateBackend(128, FULL)
+    for name in ("last-seen", "events", "count"):  # registered in another order too
+        reordered.register(first.state_infos[name])
+        entries = list(first.table(name).items())[::-1]
+        reordered.table(name).put_many([k for k, _ in entries], [v for _, v in entries])
+    assert snapshot_blob(second) == snapshot_blob(first) == snapshot_blob(reordered)
 
 
 def test_snapshot_of_int_keys(backend: HashMapKeyedStateBackend) -> None:
     backend.get_state(COUNT)
-    backend.table("count").update({0: "x", 8: "y", 2**63: "z", True: "t"})  # True == 1
-    groups = pickle.loads(backend.snapshot()[5:])["groups"]
-    assert groups == {
-        57: {"count": {0: "x"}},
-        48: {"count": {8: "y"}},
-        34: {"count": {2**63: "z"}},
-        108: {"count": {True: "t"}},
-    }
-
-
-def test_snapshot_is_a_copy(backend: HashMapKeyedStateBackend) -> None:
-    events = backend.get_state(EVENTS)
-    backend.set_current_key("a")
-    events.add(1)
-    blob = backend.snapshot()
-    events.add(2)
-    restored = HashMapKeyedStateBackend.restore([blob], 128, FULL)
-    assert restored.table("events") == {"a": [1]}
-
-
-def test_snapshot_then_restore_gives_identical_state(backend: HashMapKeyedStateBackend) -> None:
-    keys: list[Any] = [f"app-{i}" for i in range(200)] + list(range(100)) + [None, (1, "x")]
-    _fill(backend, keys)
-    restored = HashMapKeyedStateBackend.restore([backend.snapshot()], 128, FULL)
-    assert _contents(restored) == _contents(backend)
-    assert restored.states == {"count": "value", "events": "list", "last-seen": "map"}
-    assert restored.num_keys() == backend.num_keys() == 302
-    restored.set_current_key("app-4")
-    assert restored.get_state(COUNT).value() == 5
-    assert restored.get_state(EVENTS).get() == [4, "4"]
-    assert restored.get_state(LAST_SEEN).items() == []
-    restored.set_current_key("app-3")
-    assert restored.get_state(LAST_SEEN).items() == [(("page", 3), 3.0)]
-
-
-def test_empty_backend_round_trip(backend: HashMapKeyedStateBackend) -> None:
-    restored = HashMapKeyedStateBackend.restore([backend.snapshot()], 128, FULL)
-    assert restored.states == {} and restored.num_keys() == 0
-    assert HashMapKeyedStateBackend.restore([], 128, FULL).num_keys() == 0
-
-
-def _rescale(
-    blobs: list[bytes], parallelism: int, max_parallelism: int
-) -> list[HashMapKeyedStateBackend]:
-    return [
-        HashMapKeyedStateBackend.restore(
-            blobs, max_parallelism, key_group_range(i, parallelism, max_parallelism)
-        )
-        for i in range(parallelism)
+    backend.table("count").put_many([0, 8, 2**63, True], ["x", "y", "z", "t"])  # True == 1
+    snap = canonical.decode_snapshot(snapshot_blob(backend), "the snapshot")
+    assert list(snap.entries()) == [
+        (34, "count", 2**63, "z"),
+        (48, "count", 8, "y"),
+        (57, "count", 0, "x"),
+        (108, "count", 1, "t"),  # True and 1 are one key (as in a dict), written as 1
     ]
 
 
-def test_restore_with_parallelism_2_then_3_then_1() -> None:
-    max_parallelism = 128
-    keys: list[Any] = [f"user-{i}" for i in range(500)] + list(range(-50, 250))
-    # Two subtasks, each filled with the keys it owns (as the key-group shuffle routes them).
-    subtasks = [
-        HashMapKeyedStateBackend(max_parallelism, key_group_range(i, 2, max_parallelism))
-        for i in range(2)
-    ]
-    for subtask in subtasks:
-        kg_range = subtask.key_group_range
-        _fill(subtask, [k for k in keys if key_group_for(k, max_parallelism) in kg_range])
-    before: dict[str, dict[Any, Any]] = {name: {} for name in ("count", "events", "last-seen")}
-    for subtask in subtasks:
-        for name, table in _contents(subtask).items():
-            before[name].update(table)
-    assert len(before["count"]) == len(keys)
-
-    for parallelism in (3, 1):
-        blobs = [subtask.snapshot() for subtask in subtasks]
-        subtasks = _rescale(blobs, parallelism, max_parallelism)
-        for name, expected in before.items():
-            seen: dict[Any, Any] = {}
-            for subtask in subtasks:
-                table = subtask.table(name)
-                assert not seen.keys() & table.keys()  # every key exactly once
-                seen.update(table)
-                assert all(key_group_for(k) in subtask.key_group_range for k in table)
-            assert seen == expected
-    assert [len(s.table("count")) for s in subtasks] == [800]
+# ----------------------------------------------------------------------------- restore checks
 
 
-def test_restore_keeps_only_the_new_range(backend: HashMapKeyedStateBackend) -> None:
-    _fill(backend, ["a", "c", 8])  # key groups 55, 15, 48
-    blob = backend.snapshot()
-    low = HashMapKeyedStateBackend.restore([blob], 128, KeyGroupRange(0, 50))
-    assert low.table("count") == {"c": 2, 8: 3}
-    assert low.states == {"count": "value", "events": "list", "last-seen": "map"}
-    high = HashMapKeyedStateBackend.restore([blob], 128, KeyGroupRange(51, 127))
-    assert high.table("count") == {"a": 1} and high.table("events") == {"a": [0, "0"]}
+def test_snapshot_with_another_max_parallelism_is_refused(
+    backend: HashMapKeyedStateBackend,
+) -> None:
+    fill(backend, ["a"])
+    with pytest.raises(ConfigurationError) as info:
+        HashMapKeyedStateBackend.restore([snapshot_blob(backend)], 256, KeyGroupRange(0, 255))
+    assert str(info.value) == (
+        "snapshot 0 was taken with max_parallelism 128; it cannot be restored with "
+        "max_parallelism 256 (every key would change key group)"
+    )
 
 
-def test_restored_backend_is_picklable(backend: HashMapKeyedStateBackend) -> None:
-    _fill(backend, ["a", "b"])
-    count = backend.get_state(COUNT)
-    backend.set_current_key("b")
-    copy_backend, copy_state = pickle.loads(pickle.dumps((backend, count)))
-    assert copy_state.value() == 2
-    copy_state.update(7)
-    assert copy_backend.table("count") == {"a": 1, "b": 7}
-    assert backend.table("count") == {"a": 1, "b": 2}
-    fresh = pickle.loads(pickle.dumps(HashMapKeyedStateBackend(128, FULL)))
-    with pytest.raises(NoCurrentKeyError):
-        fresh.get_state(COUNT).value()
+def test_the_same_key_group_in_two_snapshots_is_refused(backend: HashMapKeyedStateBackend) -> None:
+    fill(backend, ["a"])
+    blob = snapshot_blob(backend)
+    with pytest.raises(CorruptSnapshotError) as info:
+        HashMapKeyedStateBackend.restore([blob, blob], 128, FULL)
+    assert str(info.value) == (
+        "key group 55 is in snapshots 0 and 1; the snapshots of one checkpoint have disjoint "
+        "key group ranges"
+    )
+    # Outside the new range the overlap is not looked at (those key groups are skipped).
+    low = HashMapKeyedStateBackend.restore([blob, blob], 128, KeyGroupRange(0, 50))
+    assert low.table("count") == {}
+
+
+def test_conflicting_state_kinds_across_snapshots_are_refused() -> None:
+    first, second = HashMapKeyedStateBackend(128, FULL), HashMapKeyedStateBackend(128, FULL)
+    first.get_state(COUNT)
+    second.get_state(ListStateDescriptor("count"))
+    with pytest.raises(CorruptSnapshotError) as info:
+        HashMapKeyedStateBackend.restore([snapshot_blob(first), snapshot_blob(second)], 128, FULL)
+    assert str(info.value) == (
+        "snapshot 1: keyed state 'count' is a value state; it cannot be used as a list state"
+    )
+
+
+def test_conflicting_serializers_across_snapshots_are_refused() -> None:
+    first, second = HashMapKeyedStateBackend(128, FULL), HashMapKeyedStateBackend(128, FULL)
+    first.get_state(COUNT)
+    second.get_state(ValueStateDescriptor("count", serializer="json"))
+    with pytest.raises(CorruptSnapshotError) as info:
+        HashMapKeyedStateBackend.restore([snapshot_blob(first), snapshot_blob(second)], 128, FULL)
+    assert str(info.value) == (
+        "snapshot 1: keyed state 'count' was written with serializer 'pickle'; its descriptor "
+        "now declares 'json'"
+    )
 
 
 # ----------------------------------------------------------------------------- corrupt input
+
+
+def _canonical_blob() -> bytes:
+    source = HashMapKeyedStateBackend(128, FULL)
+    source.get_state(COUNT)
+    source.table("count")["a"] = 1
+    return snapshot_blob(source)
+
+
+CANONICAL = _canonical_blob()
+NOT_CANONICAL = "snapshot 0 is not a valid canonical keyed state snapshot: "
+
+
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (b"", NOT_CANONICAL + "0 bytes, shorter than the 13-byte prefix"),
+        (b"XXXX\x01" + bytes(20), NOT_CANONICAL + "starts with b'XXXX', expected magic b'SPKV'"),
+        (
+            CANONICAL[:4] + b"\x02" + CANONICAL[5:],
+            NOT_CANONICAL + "format version 2; this version of Sparkpoint reads version 1",
+        ),
+        (CANONICAL[:-3], NOT_CANONICAL + "the body is"),
+        (CANONICAL[:-1] + bytes([CANONICAL[-1] ^ 1]), NOT_CANONICAL + "the body's CRC-32"),
+        (CANONICAL[:15] + bytes([CANONICAL[15] ^ 1]) + CANONICAL[16:], "the header's CRC-32"),
+    ],
+)
+def test_corrupt_canonical_snapshots_are_refused(blob: bytes, message: str) -> None:
+    with pytest.raises(CorruptSnapshotError) as info:
+        HashMapKeyedStateBackend.restore([blob], 128, FULL)
+    assert message in str(info.value)
+
+
+# ----------------------------------------------------------------------------- legacy SPKS
 
 
 def _blob(payload: Any, header: bytes = b"SPKS\x01") -> bytes:
@@ -423,15 +264,49 @@ GOOD = {
 }
 
 
+def test_legacy_snapshot_still_restores(backend: HashMapKeyedStateBackend) -> None:
+    keys: list[Any] = [f"app-{i}" for i in range(100)] + list(range(50)) + [None, (1, "x")]
+    fill(backend, keys)
+    backend.channel_watermarks = {0: 500}
+    legacy = snapshot_format.encode_snapshot(
+        contents(backend), backend.states, 128, FULL, backend.channel_watermarks
+    )
+    assert legacy[:5] == b"SPKS\x01"  # the pickled layout of earlier versions
+    restored = HashMapKeyedStateBackend.restore([legacy], 128, FULL)
+    assert contents(restored) == contents(backend)
+    assert restored.state_infos == {
+        name: StateInfo(name, kind, "pickle") for name, kind in backend.states.items()
+    }
+    assert restored.channel_watermarks == {0: 500}
+    restored.set_current_key("app-4")
+    assert restored.get_state(COUNT).value() == 5
+    assert restored.get_state(EVENTS).get() == [4, "4"]
+    low = HashMapKeyedStateBackend.restore([legacy], 128, KeyGroupRange(0, 50))
+    assert low.table("count") == {
+        k: v for k, v in backend.table("count").items() if key_group_for(k) <= 50
+    }
+    # Restored once, a legacy snapshot's state is written canonically from then on.
+    again = HashMapKeyedStateBackend.restore([snapshot_blob(restored)], 128, FULL)
+    assert contents(again) == contents(backend)
+
+
+def test_legacy_and_canonical_snapshots_restore_together() -> None:
+    legacy = _blob({**GOOD, "key_group_range": (0, 63), "groups": {15: {"count": {"c": 3}}}})
+    upper = HashMapKeyedStateBackend(128, KeyGroupRange(64, 127))
+    upper.get_state(COUNT)
+    upper.table("count")[2] = 4  # key group 94
+    upper.channel_watermarks = {0: 70}
+    restored = HashMapKeyedStateBackend.restore([legacy, snapshot_blob(upper)], 128, FULL)
+    assert restored.table("count") == {"c": 3, 2: 4}
+    assert restored.channel_watermarks == {}  # the legacy one has no watermarks: no channel
+    # One key group in a legacy and a canonical snapshot is refused as well.
+    with pytest.raises(CorruptSnapshotError, match="key group 55 is in snapshots 0 and 1"):
+        HashMapKeyedStateBackend.restore([_blob(GOOD), CANONICAL], 128, FULL)
+
+
 @pytest.mark.parametrize(
     ("blob", "message"),
     [
-        (
-            b"",
-            "snapshot 0 is not a hashmap state snapshot: it starts with b'', "
-            "expected magic b'SPKS'",
-        ),
-        (b"XXXX\x01abc", "snapshot 0 is not a hashmap state snapshot: it starts with b'XXXX\\x01'"),
         (
             _blob(GOOD, b"SPKS\x02"),
             "snapshot 0 has format version 2; this version of Sparkpoint reads version 1",
@@ -458,36 +333,25 @@ GOOD = {
         ),
     ],
 )
-def test_corrupt_snapshots_are_refused(blob: bytes, message: str) -> None:
+def test_corrupt_legacy_snapshots_are_refused(blob: bytes, message: str) -> None:
     with pytest.raises(CorruptSnapshotError) as info:
         HashMapKeyedStateBackend.restore([blob], 128, FULL)
     assert message in str(info.value)
 
 
-def test_snapshot_with_another_max_parallelism_is_refused(
-    backend: HashMapKeyedStateBackend,
-) -> None:
-    _fill(backend, ["a"])
+def test_legacy_snapshot_with_another_max_parallelism_is_refused() -> None:
     with pytest.raises(ConfigurationError) as info:
-        HashMapKeyedStateBackend.restore([backend.snapshot()], 256, KeyGroupRange(0, 255))
+        HashMapKeyedStateBackend.restore([_blob({**GOOD, "max_parallelism": 256})], 128, FULL)
     assert str(info.value) == (
-        "snapshot 0 was taken with max_parallelism 128; it cannot be restored with "
-        "max_parallelism 256 (every key would change key group)"
+        "snapshot 0 was taken with max_parallelism 256; it cannot be restored with "
+        "max_parallelism 128 (every key would change key group)"
     )
 
 
-def test_the_same_key_group_in_two_snapshots_is_refused(backend: HashMapKeyedStateBackend) -> None:
-    _fill(backend, ["a"])
-    blob = backend.snapshot()
-    with pytest.raises(CorruptSnapshotError) as info:
-        HashMapKeyedStateBackend.restore([blob, blob], 128, FULL)
-    assert str(info.value) == (
-        "key group 55 is in snapshots 0 and 1; the snapshots of one checkpoint have disjoint "
-        "key group ranges"
-    )
-
-
-def test_conflicting_state_kinds_across_snapshots_are_refused() -> None:
+def test_conflicting_state_kinds_across_legacy_snapshots_are_refused() -> None:
     other = _blob({**GOOD, "states": {"count": "list"}, "groups": {}})
-    with pytest.raises(CorruptSnapshotError, match="snapshot 1: keyed state 'count' is a value"):
+    with pytest.raises(CorruptSnapshotError) as info:
         HashMapKeyedStateBackend.restore([_blob(GOOD), other], 128, FULL)
+    assert str(info.value) == (
+        "snapshot 1: keyed state 'count' is a value state; it cannot be used as a list state"
+    )

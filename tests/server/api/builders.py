@@ -43,6 +43,7 @@ CONFIG: dict[str, Any] = {
     "checkpoint_storage": "filesystem",
     "checkpoint_dir": "file:///tmp/chk",
     "state_backend": "rocksdb",
+    "incremental": True,
     "max_parallelism": 128,
 }
 RESTART = {

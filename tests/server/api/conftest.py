@@ -42,13 +42,17 @@ def build_app(
     api_token: str | None = None,
     protect_reads: bool = False,
     default_history: int = 100,
+    audit_retention: int = 100_000,
     control_plane: Any = None,
     ingest_stats: Any = None,
 ) -> FastAPI:
     """A FastAPI app with the REST API installed and its state set."""
     app = FastAPI(title="Sparkpoint control plane (test)")
     app.state.settings = Settings(
-        api_token=api_token, protect_reads=protect_reads, default_history=default_history
+        api_token=api_token,
+        protect_reads=protect_reads,
+        default_history=default_history,
+        audit_retention=audit_retention,
     )
     app.state.session_factory = sessions
     app.state.control_plane = control_plane

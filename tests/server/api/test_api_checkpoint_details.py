@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from .builders import T0, add_subtask
 from .test_api_checkpoints import IN_PROGRESS_6
+
+SHARED_5 = "file:///tmp/chk/job-1/shared/count-0-native-c5-000007.sst"  # reused
+SHARED_6 = "file:///tmp/chk/job-1/shared/count-0-native-c6-000009.sst"  # uploaded by 6
 
 
 @pytest.fixture
@@ -24,6 +28,18 @@ def acknowledgements(history: None, sessions: sessionmaker[Session]) -> None:
             "key_group_end": 42,
         },
         {"inline": "c2VjcmV0", "size": 6, "checksum": "sha256:cd"},
+        {
+            "path": "file:///tmp/chk/job-1/chk-6/count-0-native/_manifest.json",
+            "size": 300,
+            "checksum": "sha256:ef",
+            "key_group_start": 0,
+            "key_group_end": 42,
+            "format": "rocksdb-native-v1",
+            "shared": [
+                {"path": SHARED_5, "size": 1000, "checksum": "sha256:01"},
+                {"path": SHARED_6, "size": 24, "checksum": "sha256:02"},
+            ],
+        },
     ]
     with sessions() as s:
         add_subtask(s, 6, "source", 0, end_to_end_duration=40.0)
@@ -135,6 +151,10 @@ def test_subtask_details_list_every_subtask_and_hide_inline_bytes(client: TestCl
                 "key_group_start": 0,
                 "key_group_end": 42,
                 "inline": False,
+                "format": None,
+                "shared_files": 0,
+                "shared_size": 0,
+                "shared": [],
             },
             {
                 "path": None,
@@ -143,6 +163,22 @@ def test_subtask_details_list_every_subtask_and_hide_inline_bytes(client: TestCl
                 "key_group_start": None,
                 "key_group_end": None,
                 "inline": True,
+                "format": None,
+                "shared_files": 0,
+                "shared_size": 0,
+                "shared": [],
+            },
+            {
+                "path": "file:///tmp/chk/job-1/chk-6/count-0-native/_manifest.json",
+                "size": 300,
+                "checksum": "sha256:ef",
+                "key_group_start": 0,
+                "key_group_end": 42,
+                "inline": False,
+                "format": "rocksdb-native-v1",
+                "shared_files": 2,
+                "shared_size": 1024,
+                "shared": [{"path": SHARED_5, "size": 1000}, {"path": SHARED_6, "size": 24}],
             },
         ],
     }
@@ -196,3 +232,22 @@ def test_subtasks_of_a_failed_checkpoint_are_aborted_with_their_decline(
         (0, "pending_or_failed", True, None),
         (1, "pending_or_failed", True, "state too large"),
     ]
+
+
+@pytest.mark.usefixtures("acknowledgements")
+def test_subtask_details_match_their_openapi_schema_with_native_handles(
+    client: TestClient,
+) -> None:
+    doc = client.get("/openapi.json").json()
+    path = "/jobs/{job_id}/checkpoints/details/{checkpoint_id}/subtasks/{operator_id}"
+    schema = doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+    handle = doc["components"]["schemas"]["StateHandleEntry"]
+    assert {"format", "shared_files", "shared_size", "shared"} <= set(handle["required"])
+
+    body = client.get("/jobs/job-1/checkpoints/details/6/subtasks/count").json()
+
+    assert body["subtasks"][0]["handles"][2]["shared_files"] == 2
+    validator = jsonschema_rs.validator_for({**schema["schema"], "components": doc["components"]})
+    assert validator.is_valid(body)
+    body["subtasks"][0]["handles"][2]["shared"][0]["size"] = "1000"
+    assert not validator.is_valid(body)

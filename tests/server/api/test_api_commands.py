@@ -342,6 +342,7 @@ def test_checkpoint_config_changes_reach_the_service_under_its_keys(
         "tolerable_failed_checkpoints": 0,
         "retained": 5,
         "state_backend": "rocksdb",
+        "incremental": True,
         "checkpoint_storage": "filesystem",
         "checkpoint_dir": "file:///tmp/chk",
         "changeable": [

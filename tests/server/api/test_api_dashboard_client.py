@@ -107,3 +107,20 @@ def test_an_unreachable_control_plane_is_its_own_error() -> None:
             client.jobs()
     finally:
         client.close()
+
+
+def test_the_audit_log_reads_with_an_admin_token_and_names_the_role_otherwise(
+    dashboard_client: ApiClient,
+) -> None:
+    dashboard_client.trigger_checkpoint("job-1", TOKEN)
+    viewer = dashboard_client.call(
+        "POST", "/tokens", TOKEN, json={"name": "wall screen", "role": "viewer"}
+    )
+
+    log = dashboard_client.audit(TOKEN, limit=10, job="job-1")
+    with pytest.raises(ApiRequestError) as refused:
+        dashboard_client.audit(viewer["secret"])
+
+    assert [(e["path"], e["status"]) for e in log["entries"]] == [("/jobs/job-1/checkpoints", 202)]
+    assert refused.value.status == 403
+    assert "needs a token with the role admin" in refused.value.message

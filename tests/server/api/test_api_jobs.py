@@ -34,6 +34,8 @@ def two_jobs(sessions: sessionmaker[Session]) -> None:
             last_heartbeat=T0 + 59_000,
             spark_application_id="app-20231114221320-0007",
             spark_ui_url="http://driver-1:4041",
+            heartbeat_interval=10_000,
+            last_driver_heartbeat=T0 + 61_000,
         )
         s.flush()
         add_checkpoint(s, 1, job_id="new")
@@ -68,6 +70,7 @@ def test_jobs_are_listed_newest_first(client: TestClient) -> None:
                 # checkpoint 2 is still in progress: the last one with an outcome is 1
                 "last-checkpoint": {"id": 1, "status": "COMPLETED", "timestamp": T0 + 1050},
                 "records-per-second": 2_500.5,
+                "guarantee": None,  # its driver reported none
             },
             {
                 "id": "old",
@@ -80,9 +83,27 @@ def test_jobs_are_listed_newest_first(client: TestClient) -> None:
                 "restarts": 1,
                 "last-checkpoint": None,
                 "records-per-second": 0.0,
+                "guarantee": None,
             },
-        ]
+        ],
+        "total": 2,
     }
+
+
+@pytest.mark.usefixtures("two_jobs")
+def test_the_job_list_is_paged(client: TestClient) -> None:
+    """A page of ``limit`` jobs after ``offset``, newest first; ``total`` counts them all."""
+    first = client.get("/jobs", params={"limit": 1}).json()
+    second = client.get("/jobs", params={"limit": 1, "offset": 1}).json()
+    beyond = client.get("/jobs", params={"offset": 2}).json()
+
+    assert ([j["id"] for j in first["jobs"]], first["total"]) == (["new"], 2)
+    assert ([j["id"] for j in second["jobs"]], second["total"]) == (["old"], 2)
+    assert (beyond["jobs"], beyond["total"]) == ([], 2)
+    for bad in ({"limit": 0}, {"limit": 10_001}, {"offset": -1}):
+        answer = client.get("/jobs", params=bad)
+        assert answer.status_code == 400, bad
+        assert next(iter(bad)) in answer.json()["errors"][0]
 
 
 @pytest.mark.usefixtures("two_jobs")
@@ -164,7 +185,13 @@ def test_job_details_have_flinks_fields_and_the_status_history(client: TestClien
             "last-heartbeat": T0 + 59_000,
         },
         "config": CONFIG,
-        "spark": {"ui-url": "http://driver-1:4041", "application-id": "app-20231114221320-0007"},
+        "spark": {
+            "ui-url": "http://driver-1:4041",
+            "application-id": "app-20231114221320-0007",
+            "executors": None,  # its driver listed none
+        },
+        "driver": {"heartbeat-interval": 10_000, "last-heartbeat": T0 + 61_000},
+        "guarantee": None,  # its driver reported none
     }
 
 
@@ -174,7 +201,8 @@ def test_a_job_whose_driver_named_no_spark_application_has_null_spark_fields(
 ) -> None:
     body = client.get("/jobs/old").json()
 
-    assert body["spark"] == {"ui-url": None, "application-id": None}
+    assert body["spark"] == {"ui-url": None, "application-id": None, "executors": None}
+    assert body["driver"] == {"heartbeat-interval": None, "last-heartbeat": None}
 
 
 def test_job_reads_of_an_unknown_job_are_404(client: TestClient) -> None:
@@ -300,6 +328,7 @@ def test_checkpoint_config_uses_flinks_names_and_lists_what_may_change(
         "tolerable_failed_checkpoints": 2,
         "retained": 2,
         "state_backend": "rocksdb",
+        "incremental": True,
         "checkpoint_storage": "filesystem",
         "checkpoint_dir": "file:///tmp/chk",
         "changeable": [
@@ -329,6 +358,7 @@ def test_checkpoint_config_falls_back_to_flinks_defaults(
         "retained": 1,
     }
     assert body["state_backend"] is None
+    assert body["incremental"] is False
 
 
 def test_restart_strategy_has_flinks_keys_and_a_description(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from unittest import mock
 
 import pytest
 import redis
@@ -25,10 +25,9 @@ from sparkpoint.transport import (
 from sparkpoint_server.ingest.consumer import (
     EventConsumer,
     IngestStats,
+    RejectedEvent,
     TransientIngestError,
 )
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class Crash(BaseException):
@@ -48,23 +47,6 @@ class RecordingHandler:
         self.calls.append(epochs)
         self.fail(batch)
         self.applied.append(epochs)
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    conn = redis_client(REDIS_URL)
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def streams(client: redis.Redis) -> Iterator[Streams]:
-    """Stream names of this test only; their keys are deleted afterwards."""
-    names = Streams(prefix=f"test-{uuid.uuid4().hex}")
-    yield names
-    keys = list(client.scan_iter(match=f"{names.prefix}:*"))
-    if keys:
-        client.delete(*keys)
 
 
 def _heartbeat(epoch: int) -> p.Envelope:
@@ -250,7 +232,7 @@ def test_a_poison_event_goes_to_the_dead_letters_and_the_rest_of_its_batch_is_ap
 
     assert _consumer(client, streams, handler, stats).poll_once() == 3
 
-    assert handler.calls == [[1, 2, 3], [1], [2], [3]]
+    assert handler.calls == [[1, 2, 3], [1], [2, 3], [2], [3]]  # halved, doubled, halved
     assert handler.applied == [[1], [3]]
     [letter] = _dead_letters(client, streams)
     assert letter[b"reason"] == b"handler failed: ValueError: epoch 2 breaks a constraint"
@@ -289,8 +271,13 @@ def test_run_survives_an_unreachable_redis_and_stops_when_asked(streams: Streams
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     stats = IngestStats()
+    health: list[bool] = []
     consumer = EventConsumer(
-        redis_client(f"redis://127.0.0.1:{port}/0"), RecordingHandler(), stats, streams=streams
+        redis_client(f"redis://127.0.0.1:{port}/0"),
+        RecordingHandler(),
+        stats,
+        streams=streams,
+        on_health=health.append,
     )
     stop = threading.Event()
     thread = threading.Thread(target=consumer.run, args=(stop,))
@@ -301,6 +288,33 @@ def test_run_survives_an_unreachable_redis_and_stops_when_asked(streams: Streams
         stop.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+    assert health == [False]  # told once, not at every attempt
+
+
+def test_run_tells_when_it_reads_again_after_a_transient_failure(
+    client: redis.Redis, streams: Streams
+) -> None:
+    failures = [TransientIngestError("database unreachable")]
+
+    def unavailable_once(batch: list[ReceivedMessage]) -> None:
+        if failures:
+            raise failures.pop()
+
+    handler = RecordingHandler(unavailable_once)
+    health: list[bool] = []
+    consumer = EventConsumer(
+        client, handler, IngestStats(), streams=streams, block_ms=20, on_health=health.append
+    )
+    _publish(client, streams, 1)
+    stop = threading.Event()
+    thread = threading.Thread(target=consumer.run, args=(stop,))
+    thread.start()
+    try:
+        _wait_for("the event applied", lambda: bool(handler.applied))
+        _wait_for("health reported", lambda: health == [False, True])
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def _wait_for(condition: str, check: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -309,3 +323,85 @@ def _wait_for(condition: str, check: Callable[[], bool], timeout_s: float = 10.0
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting until {condition}")
         time.sleep(0.01)
+
+
+def test_events_the_handler_rejects_are_dead_lettered_and_the_rest_of_the_batch_applied(
+    client: redis.Redis, streams: Streams
+) -> None:
+    _publish(client, streams, 1, 2, 3)
+    rejected_id = client.xrange(streams.events)[1][0].decode()
+
+    def reject_epoch_2(batch: list[ReceivedMessage]) -> list[RejectedEvent]:
+        return [
+            RejectedEvent(m.entry_id, "unknown job") for m in batch if m.entry_id == rejected_id
+        ]
+
+    calls: list[list[str]] = []
+
+    def handler(batch: list[ReceivedMessage]) -> list[RejectedEvent]:
+        calls.append([m.entry_id for m in batch])
+        return reject_epoch_2(batch)
+
+    stats = IngestStats()
+    consumer = EventConsumer(client, handler, stats, streams=streams, block_ms=0)
+    consumer.ensure_group()
+
+    assert consumer.poll_once() == 3
+
+    assert len(calls) == 1  # one call applied the batch: no retry, no split
+    [letter] = _dead_letters(client, streams)
+    assert (letter[b"source_id"].decode(), letter[b"reason"]) == (rejected_id, b"unknown job")
+    assert (stats.events_ingested, stats.dead_letters, stats.handler_errors) == (2, 1, 0)
+    assert _pending(client, streams) == 0
+
+
+@pytest.mark.parametrize(("poisoned", "most_calls"), [({17}, 20), (set(range(64)), 64 + 6)])
+def test_a_failing_batch_is_split_so_poison_costs_few_handler_calls(
+    client: redis.Redis, streams: Streams, poisoned: set[int], most_calls: int
+) -> None:
+    """One poison event in 64: about 3 log2(64) calls, not 65; all 64 poisoned: one call per
+    event plus the halvings, not more."""
+    _publish(client, streams, *range(64))
+
+    def poison(batch: list[ReceivedMessage]) -> None:
+        if any(m.payload.epoch in poisoned for m in batch):  # type: ignore[attr-defined]
+            raise ValueError("poison")
+
+    handler = RecordingHandler(poison)
+    stats = IngestStats()
+
+    assert _consumer(client, streams, handler, stats).poll_once() == 64
+
+    assert len(handler.calls) <= most_calls
+    assert sorted(e for batch in handler.applied for e in batch) == sorted(
+        set(range(64)) - poisoned
+    )  # in order, each once
+    assert [e for batch in handler.applied for e in batch] == sorted(set(range(64)) - poisoned)
+    assert stats.dead_letters == len(poisoned) == len(_dead_letters(client, streams))
+    assert _pending(client, streams) == 0
+
+
+def test_a_batch_of_malformed_events_is_dead_lettered_in_one_redis_transaction(
+    client: redis.Redis, streams: Streams
+) -> None:
+    for _ in range(200):
+        client.xadd(streams.events, {FIELD: b"{not json"})
+    _publish(client, streams, 1)
+    handler = RecordingHandler()
+    stats = IngestStats()
+    consumer = _consumer(client, streams, handler, stats)
+    pipelines: list[bool] = []
+    real_pipeline = client.pipeline
+
+    def counting_pipeline(transaction: bool = True, **kwargs: object) -> redis.client.Pipeline:
+        pipelines.append(transaction)
+        return real_pipeline(transaction=transaction, **kwargs)  # type: ignore[arg-type]
+
+    consumer.client = mock.Mock(wraps=client, pipeline=counting_pipeline)
+
+    assert consumer.poll_once() == 201
+
+    assert pipelines.count(True) == 1  # the dead letters and their acknowledgement
+    assert handler.applied == [[1]]
+    assert stats.dead_letters == 200 == len(_dead_letters(client, streams))
+    assert _pending(client, streams) == 0

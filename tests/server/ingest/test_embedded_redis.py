@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +36,36 @@ def _wait_for(condition: str, check: object, timeout_s: float = 20.0) -> None:
 
 
 def test_start_writes_the_url_file_that_jobs_read(server: EmbeddedRedis, tmp_path: Path) -> None:
-    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+    password = (tmp_path / "redis-password").read_text().strip()
+    assert len(password) >= 32
+    assert server.url == f"redis://:{password}@127.0.0.1:{server.port}/0"
     assert (tmp_path / "redis.url").read_text() == server.url + "\n"
     assert default_redis_url(str(tmp_path)) == server.url
     assert redis_client(server.url).ping() is True
     config = (tmp_path / "redis" / "redis.conf").read_text()
     assert "appendonly yes" in config
     assert "bind 127.0.0.1" in config
+    assert f'requirepass "{password}"' in config
+    for name in ("redis-password", "redis.url", "redis/redis.conf"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+
+
+def test_an_unauthenticated_client_is_refused(server: EmbeddedRedis) -> None:
+    anonymous = redis_client(f"redis://127.0.0.1:{server.port}/0")
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.xadd("sparkpoint:events", {b"m": b"forged"})
+    wrong = redis_client(f"redis://:wrong@127.0.0.1:{server.port}/0")
+    with pytest.raises(redis.AuthenticationError):
+        wrong.ping()
+    assert redis_client(server.url).exists("sparkpoint:events") == 0
+
+
+def test_the_password_is_kept_across_restarts(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as first:
+        url = first.url
+    with EmbeddedRedis(tmp_path) as second:
+        assert second.url == url
+        assert redis_client(url).ping() is True
 
 
 def test_a_killed_server_is_restarted_on_the_same_port_with_its_data(
@@ -59,7 +83,7 @@ def test_a_killed_server_is_restarted_on_the_same_port_with_its_data(
 
     _wait_for("the supervisor restarted the server", restarted)
     assert client.xrange("events") == [(entry_id, {b"m": b"survives"})]
-    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+    assert server.url.endswith(f"@127.0.0.1:{server.port}/0")
 
 
 def test_stop_ends_the_process_and_removes_the_url_file(tmp_path: Path) -> None:
@@ -120,4 +144,17 @@ def test_a_server_orphaned_by_a_killed_control_plane_is_stopped_before_a_new_sta
     with EmbeddedRedis(tmp_path) as second:
         assert orphan.wait(timeout=10) == 0  # shut down by SIGTERM, not killed
         assert [f for _, f in redis_client(second.url).xrange("events")] == [{b"m": b"before"}]
+        # Jobs that still hold the killed control plane's URL reach the new server.
+        assert second.url == first.url
     first.stop()
+
+
+def test_a_new_start_takes_another_port_when_the_previous_one_is_taken(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as server:
+        previous = server.port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", previous))
+        taken.listen()
+        with EmbeddedRedis(tmp_path) as server:
+            assert server.port != previous
+            assert redis_client(server.url).ping()

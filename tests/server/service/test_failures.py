@@ -171,3 +171,34 @@ def test_a_restarted_driver_fails_the_job_over(harness: Harness) -> None:
     [restore] = _restores(harness)
     assert (restore.new_attempt, restore.checkpoint_id) == (2, cid)
     assert _job(harness).status == "RESTARTING"
+
+
+def test_a_driver_canceled_by_a_signal_during_a_restart_delay_is_not_restarted(
+    harness: Harness,
+) -> None:
+    harness.start(restart_strategy=_strategy("fixed-delay", attempts=3, delay="10 s"))
+    _fail(harness, 1, 2)
+    assert _job(harness).restart_due_at is not None
+    harness.commands()
+    cause = "canceled by a signal"
+    harness.send(
+        1,
+        p.JobStatusChanged(status=p.JobStatus.CANCELLING, cause=cause),
+        p.JobStatusChanged(status=p.JobStatus.CANCELED, cause=cause),
+    )
+    job = _job(harness)
+    assert (job.status, job.restart_due_at, job.restart_cause) == ("CANCELED", None, None)
+    harness.tick(10_000)
+    assert _restores(harness) == []
+
+
+def test_a_driver_restarted_during_a_restart_delay_is_restored_once(harness: Harness) -> None:
+    harness.start(restart_strategy=_strategy("fixed-delay", attempts=3, delay="10 s"))
+    _fail(harness, 1, 2)
+    harness.commands()
+    harness.register(incarnation="driver-2")  # `sparkpoint run` restarted the driver meanwhile
+    assert [r.new_attempt for r in _restores(harness)] == [2]
+    harness.tick(10_000)  # the restart decided for the failure is superseded, not sent too
+    assert _restores(harness) == []
+    job = _job(harness)
+    assert (job.attempt, job.restart_due_at) == (2, None)

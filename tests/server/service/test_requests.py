@@ -54,7 +54,7 @@ def test_savepoint_completes_in_its_own_directory_and_survives_retention(
     harness: Harness, tmp_path: os.PathLike[str]
 ) -> None:
     harness.start(retained=1)
-    target = os.path.join(str(tmp_path), "savepoints")
+    target = os.path.join(harness.settings.savepoint_dir, "kept")  # under a storage root
     request = harness.plane.trigger_savepoint(harness.job_id, target, cancel_job=False)
     [trigger] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
     assert trigger.kind is p.CheckpointKind.SAVEPOINT and trigger.target_directory == target
@@ -106,8 +106,9 @@ def test_restore_refuses_unknown_missing_and_corrupt_checkpoints(harness: Harnes
         harness.plane.restore(harness.job_id, second, None)
     with pytest.raises(InvalidRequestError, match="exactly one"):
         harness.plane.restore(harness.job_id, first, "/x")
+    nowhere = os.path.join(harness.settings.savepoint_dir, "nowhere", "savepoint-1")
     with pytest.raises(CheckpointNotFoundError, match="savepoint_path"):
-        harness.plane.restore(harness.job_id, None, "/nowhere/savepoint-1")
+        harness.plane.restore(harness.job_id, None, nowhere)
     with pytest.raises(JobNotFoundError):
         harness.plane.restore("no-such-job", first, None)
     assert _job(harness).attempt == 1  # nothing changed
@@ -115,7 +116,9 @@ def test_restore_refuses_unknown_missing_and_corrupt_checkpoints(harness: Harnes
 
 def test_restore_from_a_savepoint_path(harness: Harness, tmp_path: os.PathLike[str]) -> None:
     harness.start()
-    request = harness.plane.trigger_savepoint(harness.job_id, f"{tmp_path}/sp", cancel_job=False)
+    request = harness.plane.trigger_savepoint(
+        harness.job_id, f"{harness.settings.savepoint_dir}/sp", cancel_job=False
+    )
     [trigger] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
     harness.ack_all(1, trigger.checkpoint_id)
     location = _op(harness, request).location
@@ -128,7 +131,9 @@ def test_restore_from_a_savepoint_path(harness: Harness, tmp_path: os.PathLike[s
 
 def test_cancel_and_stop_with_savepoint(harness: Harness, tmp_path: os.PathLike[str]) -> None:
     harness.start()
-    request = harness.plane.stop_with_savepoint(harness.job_id, f"{tmp_path}/sp")
+    request = harness.plane.stop_with_savepoint(
+        harness.job_id, f"{harness.settings.savepoint_dir}/sp"
+    )
     [stop] = [c for _, c in harness.commands() if isinstance(c, p.StopWithSavepoint)]
     harness.ack_all(1, stop.checkpoint_id)
     assert _op(harness, request).status == "COMPLETED"
@@ -185,3 +190,46 @@ def test_savepoint_of_a_job_that_is_not_running_is_refused(harness: Harness) -> 
         harness.plane.trigger_savepoint(harness.job_id, "relative/dir", cancel_job=False)
     with harness.sessions() as s:
         assert s.query(Checkpoint).count() == 0
+
+
+def _triggers(h: Harness) -> list[p.TriggerCheckpoint]:
+    return [c for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
+
+
+def test_a_manual_checkpoint_while_one_is_pending_is_queued_and_runs_next(
+    harness: Harness,
+) -> None:
+    harness.start(interval_ms=1000, max_concurrent=1)
+    first = harness.trigger_periodic()
+    # Two requests while `first` is pending: queued (Flink's CheckpointRequestDecider), not 409.
+    early = harness.plane.trigger_checkpoint(harness.job_id)
+    later = harness.plane.trigger_checkpoint(harness.job_id)
+    assert _triggers(harness) == []
+    assert _op(harness, early).status == "IN_PROGRESS" and _op(harness, early).checkpoint_id is None
+    harness.ack_all(1, first)
+    harness.tick(1000)  # the interval passed too: the queued request goes before a periodic one
+    [queued] = _triggers(harness)
+    assert queued.checkpoint_id == first + 1 and _op(harness, early).checkpoint_id == first + 1
+    # A restart of the control plane keeps the other request queued, in order.
+    harness.new_control_plane()
+    harness.commands()  # the re-sent trigger of the pending checkpoint
+    harness.ack_all(1, queued.checkpoint_id)
+    assert _op(harness, early).status == "COMPLETED"
+    harness.tick()
+    [second] = _triggers(harness)
+    assert _op(harness, later).checkpoint_id == second.checkpoint_id == first + 2
+    harness.ack_all(1, second.checkpoint_id)
+    assert _op(harness, later).status == "COMPLETED"
+
+
+def test_queued_checkpoint_requests_fail_with_the_reason_when_the_job_stops_running(
+    harness: Harness,
+) -> None:
+    harness.start(interval_ms=1000, max_concurrent=1)
+    harness.trigger_periodic()
+    request = harness.plane.trigger_checkpoint(harness.job_id)
+    harness.plane.cancel(harness.job_id)
+    op = _op(harness, request)
+    assert op.status == "FAILED" and op.checkpoint_id is None
+    assert op.failure_cause is not None and "queued and not triggered" in op.failure_cause
+    assert "CANCELLING" in op.failure_cause

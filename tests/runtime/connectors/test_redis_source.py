@@ -1,0 +1,234 @@
+"""The Redis Streams source against the real Redis: splits, replay, bounds, acknowledgement."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, cast
+
+import pytest
+import redis
+
+from examples import pv_count
+from sparkpoint.clock import ManualClock
+from sparkpoint.connectors.redis_source import (
+    RedisSourceError,
+    RedisStreamSource,
+    parse_entry_id,
+)
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import JobOptions
+from sparkpoint.runtime.planner import EpochPlanner
+from sparkpoint.transport import Streams
+
+from ...support.redis_server import REDIS_URL
+
+
+@pytest.fixture
+def stream(streams: Streams) -> str:
+    return f"{streams.prefix}:events"
+
+
+def add(client: redis.Redis, stream: str, n: int, first: int = 0) -> list[str]:
+    """Append entries ``n`` = first .. first+n-1 (``user`` u0..u2); returns their ids."""
+    return [
+        cast(bytes, client.xadd(stream, {"user": f"u{i % 3}", "n": str(i)})).decode()
+        for i in range(first, first + n)
+    ]
+
+
+def ns(source: RedisStreamSource, split: int, start: int, end: int) -> list[int]:
+    return [int(r["n"]) for r in source.read(split, start, end).rows]
+
+
+def fresh(source: RedisStreamSource) -> RedisStreamSource:
+    """The source as an executor gets it: pickled, without any cache of the driver."""
+    copy: RedisStreamSource = pickle.loads(pickle.dumps(source))
+    return copy
+
+
+def test_one_split_per_stream_reads_entries_in_order_with_metadata(
+    client: redis.Redis, streams: Streams
+) -> None:
+    a, b = f"{streams.prefix}:a", f"{streams.prefix}:b"
+    ids = add(client, a, 5)
+    add(client, b, 3, first=100)
+    source = RedisStreamSource(REDIS_URL, [a, b])
+    assert source.split_ids() == [f"redis:{a}", f"redis:{b}"]
+    assert [source.available(i, 0.0) for i in range(2)] == [5, 3]
+    assert [source.total(i) for i in range(2)] == [None, None]  # unbounded
+    rows = source.read(0, 1, 3).rows
+    assert rows == [
+        {"user": "u1", "n": "1", "stream": a, "entry_id": ids[1]},
+        {"user": "u2", "n": "2", "stream": a, "entry_id": ids[2]},
+    ]
+    assert ns(source, 1, 0, 3) == [100, 101, 102]
+
+
+def test_reads_of_any_range_are_the_same_from_any_copy(client: redis.Redis, stream: str) -> None:
+    add(client, stream, 40)
+    source = RedisStreamSource(REDIS_URL, [stream])
+    assert source.available(0, 0.0) == 40
+    assert ns(fresh(source), 0, 0, 10) == list(range(10))
+    # A new copy finds offset 10 through the anchor the first read left in Redis ...
+    assert ns(fresh(source), 0, 10, 25) == list(range(10, 25))
+    # ... and offsets without an anchor by scanning from the nearest one before them.
+    assert ns(fresh(source), 0, 30, 33) == [30, 31, 32]
+    assert ns(fresh(source), 0, 17, 19) == [17, 18]
+    with pytest.raises(RedisSourceError, match="trimmed or deleted"):
+        fresh(source).read(0, 38, 45)
+
+
+def test_consumer_splits_of_one_stream_partition_it(client: redis.Redis, stream: str) -> None:
+    add(client, stream, 60)
+    source = RedisStreamSource(REDIS_URL, [stream], splits_per_stream=3)
+    assert source.split_ids() == [f"redis:{stream}#{k}/3" for k in range(3)]
+    sizes = [source.available(k, 0.0) or 0 for k in range(3)]
+    assert sum(sizes) == 60 and min(sizes) > 0
+    parts = [ns(fresh(source), k, 0, sizes[k]) for k in range(3)]
+    assert sorted(n for part in parts for n in part) == list(range(60))
+    for part in parts:
+        assert part == sorted(part)  # each split in stream order
+    # Reading in two halves gives the same as reading at once.
+    half = sizes[1] // 2
+    assert ns(fresh(source), 1, 0, half) + ns(fresh(source), 1, half, sizes[1]) == parts[1]
+
+
+def test_until_id_bounds_a_split_once_the_stream_reaches_it(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 10)
+    ms, _ = parse_entry_id(ids[-1], "id")
+    until = f"{ms + 1000}-0"  # a second after the last entry: not in the stream yet
+    source = RedisStreamSource(REDIS_URL, [stream], until_id=until)
+    assert source.total(0) is None
+    assert source.available(0, 0.0) == 10
+    client.xadd(stream, {"user": "u0", "n": "10"}, id=f"{ms + 500}-0")
+    client.xadd(stream, {"user": "u1", "n": "11"}, id=until)
+    client.xadd(stream, {"user": "u2", "n": "12"}, id=f"{ms + 2000}-0")  # after the bound
+    assert source.total(0) == 12
+    assert source.available(0, 0.0) == 12
+    assert ns(fresh(source), 0, 8, 12) == [8, 9, 10, 11]
+
+
+def test_planner_learns_the_total_when_the_bound_arrives(client: redis.Redis, stream: str) -> None:
+    ids = add(client, stream, 4)
+    ms, _ = parse_entry_id(ids[-1], "id")
+    source = RedisStreamSource(REDIS_URL, [stream], until_id=f"{ms + 100}-0")
+    planner = EpochPlanner(source, ManualClock(), target_ms=1000, min_records=10, max_records=10)
+    ranges = planner.next_ranges()
+    assert [(r.start, r.end) for r in ranges] == [(0, 4)]
+    assert not planner.will_exhaust(ranges)
+    planner.advance(ranges)
+    client.xadd(stream, {"user": "u0", "n": "4"}, id=f"{ms + 100}-0")
+    ranges = planner.next_ranges()
+    assert [(r.start, r.end) for r in ranges] == [(4, 5)]
+    assert planner.will_exhaust(ranges)
+
+
+def group_id(client: redis.Redis, stream: str, group: str) -> str:
+    for info in client.xinfo_groups(stream):
+        if info["name"].decode() == group:
+            return str(info["last-delivered-id"].decode())
+    raise AssertionError(f"no group {group}")
+
+
+def test_nothing_is_acknowledged_before_a_checkpoint_completes(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 30)
+    source = RedisStreamSource(REDIS_URL, [stream], group="job-1")
+    split = source.split_ids()[0]
+    assert source.available(0, 0.0) == 30  # the driver creates the group at start_id
+    for start in range(0, 30, 7):
+        fresh(source).read(0, start, min(30, start + 7))
+    assert group_id(client, stream, "job-1") == "0-0"  # read everything: acknowledged nothing
+    assert client.xinfo_groups(stream)[0]["pending"] == 0
+    source.notify_checkpoint_complete(1, {split: 14})
+    assert group_id(client, stream, "job-1") == ids[13]
+    source.notify_checkpoint_complete(2, {split: 7})  # an older position never moves it back
+    assert group_id(client, stream, "job-1") == ids[13]
+    source.notify_checkpoint_complete(3, {split: 30})
+    assert group_id(client, stream, "job-1") == ids[29]
+
+
+def test_a_stream_of_several_splits_is_acknowledged_up_to_its_slowest_split(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 40)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=2)
+    sizes = [source.available(k, 0.0) or 0 for k in range(2)]
+    rows = [fresh(source).read(k, 0, sizes[k]).rows for k in range(2)]
+    s0, s1 = source.split_ids()
+    source.notify_checkpoint_complete(1, {s0: 5})  # one split alone: not safe yet
+    assert group_id(client, stream, "g") == "0-0"
+    source.notify_checkpoint_complete(2, {s0: 5, s1: 5})
+    read = {r["entry_id"] for part in rows for r in part[:5]}
+    group = parse_entry_id(group_id(client, stream, "g"), "id")
+    below = [i for i in ids if parse_entry_id(i, "id") <= group]
+    above = [i for i in ids if parse_entry_id(i, "id") > group]
+    assert below and set(below) <= read  # every entry up to the group's id was read ...
+    assert above[0] not in read  # ... and the first entry after it was not
+    # All of both splits read: the group stands at the stream's last entry.
+    source.notify_checkpoint_complete(3, {s0: sizes[0], s1: sizes[1]})
+    assert group_id(client, stream, "g") == ids[-1]
+
+
+def test_a_new_driver_resumes_after_acknowledged_entries_were_trimmed(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 20)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert source.available(0, 0.0) == 20
+    fresh(source).read(0, 0, 12)
+    source.notify_checkpoint_complete(1, {source.split_ids()[0]: 12})
+    client.xtrim(stream, minid=ids[12], approximate=False)  # what the checkpoint covers may go
+    assert client.xlen(stream) == 8
+    add(client, stream, 5, first=20)
+    restarted = RedisStreamSource(REDIS_URL, [stream], group="g")  # another driver process
+    assert restarted.available(0, 0.0) == 25  # offsets did not move with the trim
+    assert ns(fresh(restarted), 0, 12, 25) == list(range(12, 25))
+    assert restarted.entry_id_at(0, 12) == parse_entry_id(ids[11], "id")
+
+
+def test_anchors_between_completed_positions_are_dropped(client: redis.Redis, stream: str) -> None:
+    add(client, stream, 30)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    split = source.split_ids()[0]
+    reader = fresh(source)
+    for start in range(0, 30, 5):
+        reader.read(0, start, start + 5)
+    source.notify_checkpoint_complete(1, {split: 10})
+    source.notify_checkpoint_complete(2, {split: 25})
+    anchors: list[Any] = client.zrange(source.anchors_key(0), 0, -1, withscores=True)
+    offsets = [int(score) for _, score in anchors]
+    assert offsets == [5, 10, 25, 30]  # 15 and 20 lay between two completed positions
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"streams": []}, "one or more stream keys"),
+        ({"streams": "events"}, "one or more stream keys"),
+        ({"streams": ["a", "a"]}, "repeat a key"),
+        ({"splits_per_stream": 0}, "splits_per_stream must be >= 1"),
+        ({"start_id": "yesterday"}, "start_id must be a Redis entry id"),
+        ({"until_id": "5-x"}, "until_id must be a Redis entry id"),
+        ({"start_id": "10-0", "until_id": "9"}, "must come after start_id"),
+        ({"group": ""}, "consumer group"),
+    ],
+)
+def test_invalid_options_are_named(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"streams": ["events"]} | kwargs
+    with pytest.raises(ConfigurationError, match=message):
+        RedisStreamSource(REDIS_URL, **args)  # type: ignore[arg-type]
+
+
+def test_the_pv_example_reads_redis_streams_on_request(stream: str) -> None:
+    env = StreamExecutionEnvironment(JobOptions(job_id="pv-redis"))
+    argv = ["--source-redis", REDIS_URL, "--redis-stream", stream, "--until-id", "5-0"]
+    pv_count.build(env, [*argv, "--splits", "3", "--output", "/tmp/unused"])
+    source = env.graph.source.source
+    assert isinstance(source, RedisStreamSource)
+    assert source.split_ids() == [f"redis:{stream}#{k}/3" for k in range(3)]
+    assert (source.group, source.until) == ("pv-count", (5, 0))

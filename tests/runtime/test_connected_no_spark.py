@@ -1,0 +1,156 @@
+"""The connected driver's life between epochs, without Spark, on the real Redis.
+
+Its heartbeats: it tells the control plane it is alive on a timer from its registration on,
+also while it waits for its first command (Spark starts only after it). Its cancel by a
+signal (``Authority.request_cancel``): at the next epoch boundary it reports CANCELLING and
+CANCELED, so the control plane neither restarts it nor waits for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import redis
+
+from examples import pv_count
+from sparkpoint import protocol as p
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import JobOptions
+from sparkpoint.runtime.driver import JobDriver
+from sparkpoint.runtime.execution import EpochRunner
+from sparkpoint.runtime.heartbeats import heartbeat_interval_ms, previous_failure
+from sparkpoint.signing import JOB_KEY_ENV, Signer
+from sparkpoint.transport import FIELD, Streams, send_command
+
+from ..support.redis_server import REDIS_URL
+
+KEY = bytes(range(32))  # the drivers' job key (SPARKPOINT_JOB_KEY): commands are signed with it
+SIGNER = Signer(lambda _: KEY, "test-control-plane")
+
+
+@pytest.fixture(autouse=True)
+def _job_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(JOB_KEY_ENV, KEY.hex())
+
+
+def _events(client: redis.Redis, streams: Streams) -> list[tuple[p.Envelope, Any]]:
+    return [p.decode(f[FIELD]) for _, f in client.xrange(streams.events)]
+
+
+def _wait_for(what: str, check: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _driver(streams: Streams, tmp_path: Path) -> JobDriver:
+    """A connected PV job's driver (Spark is never started)."""
+    options = JobOptions(
+        job_id=f"hb-{uuid.uuid4().hex[:8]}",
+        standalone=False,
+        redis_url=REDIS_URL,
+        stream_prefix=streams.prefix,
+        control_plane_timeout_ms=30_000,
+        checkpoint_dir=f"file://{tmp_path / 'chk'}",
+        local_dir=str(tmp_path / "local"),
+    )
+    env = StreamExecutionEnvironment(options)
+    pv_count.build(env, ["--events", "10", "--output", str(tmp_path / "out")])
+    return JobDriver(env.graph, options)
+
+
+def _statuses(client: redis.Redis, streams: Streams) -> list[str]:
+    return [
+        ev.status.value for _, ev in _events(client, streams) if isinstance(ev, p.JobStatusChanged)
+    ]
+
+
+def test_a_waiting_driver_sends_heartbeats_and_says_why_its_predecessor_ended(
+    client: redis.Redis, streams: Streams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARKPOINT_HEARTBEAT_INTERVAL", "0.05")
+    monkeypatch.setenv("SPARKPOINT_PREVIOUS_DRIVER_FAILURE", "driver exited\nwith code 137")
+    driver = _driver(streams, tmp_path)
+    options = driver.options
+    waiting = threading.Thread(target=driver.authority.prepare)
+    waiting.start()  # registers, then waits for the control plane's answer
+    try:
+        beats = _wait_for(
+            "three driver heartbeats",
+            lambda: [
+                (e, ev) for e, ev in _events(client, streams) if isinstance(ev, p.DriverHeartbeat)
+            ][2:],
+        )
+    finally:
+        send_command(client, streams, options.job_id, 0, 0, p.CancelJob(), signer=SIGNER)
+        waiting.join(timeout=20)
+    [registered] = [ev for _, ev in _events(client, streams) if isinstance(ev, p.JobRegistered)]
+    assert registered.heartbeat_interval_ms == 50
+    assert registered.previous_failure == "driver exited with code 137"
+    assert {ev.incarnation for _, ev in beats} == {registered.incarnation}
+    assert {e.job_id for e, _ in beats} == {options.job_id}
+    driver.authority.close()
+    count = len(_events(client, streams))
+    time.sleep(0.2)  # four intervals: a stopped sender sends nothing more
+    assert len(_events(client, streams)) == count
+
+
+def test_the_heartbeat_interval_and_the_previous_failure_come_from_the_environment() -> None:
+    assert heartbeat_interval_ms("j", {}) == 10_000
+    assert heartbeat_interval_ms("j", {"SPARKPOINT_HEARTBEAT_INTERVAL": "2.5"}) == 2500
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        with pytest.raises(ConfigurationError, match="job j: SPARKPOINT_HEARTBEAT_INTERVAL"):
+            heartbeat_interval_ms("j", {"SPARKPOINT_HEARTBEAT_INTERVAL": bad})
+    assert previous_failure({}) is None
+    assert previous_failure({"SPARKPOINT_PREVIOUS_DRIVER_FAILURE": "  "}) is None
+    assert previous_failure({"SPARKPOINT_PREVIOUS_DRIVER_FAILURE": "x" * 5000}) == "x" * 1000
+
+
+def test_a_signal_while_waiting_for_the_first_restore_cancels_the_job(
+    client: redis.Redis, streams: Streams, tmp_path: Path
+) -> None:
+    driver = _driver(streams, tmp_path)
+    waiting = threading.Thread(target=driver.authority.prepare)
+    waiting.start()
+    _wait_for(
+        "the registration",
+        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
+    )
+    driver.authority.request_cancel()  # what the driver's SIGTERM handler calls
+    waiting.join(timeout=20)
+    assert not waiting.is_alive()
+    driver.authority.close()
+    assert _statuses(client, streams) == ["CANCELLING", "CANCELED"]
+    assert driver.job.status is p.JobStatus.CANCELED
+
+
+def test_a_signal_cancels_a_running_job_at_the_next_epoch_boundary(
+    client: redis.Redis, streams: Streams, tmp_path: Path
+) -> None:
+    driver = _driver(streams, tmp_path)
+    starting = threading.Thread(target=driver.authority.prepare)
+    starting.start()
+    _wait_for(
+        "the registration",
+        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
+    )
+    send_command(
+        client, streams, driver.options.job_id, 1, 0, p.RestoreJob(new_attempt=1), signer=SIGNER
+    )
+    starting.join(timeout=20)
+    driver.authority.request_cancel()  # what the driver's SIGTERM handler calls
+    # No epoch may start: the runner is never called (it would fail on a plain object).
+    driver.authority.run(cast(EpochRunner, object()))
+    driver.authority.close()
+    assert _statuses(client, streams) == ["RUNNING", "CANCELLING", "CANCELED"]
+    assert driver.job.epoch == 0

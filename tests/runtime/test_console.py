@@ -1,0 +1,83 @@
+"""What a running job prints: one line per event that matters, text or JSON, quiet or not."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from sparkpoint import protocol as p
+from sparkpoint.console import Console, ConsoleEventSink
+
+
+def _sink(**console: object) -> tuple[ConsoleEventSink, io.StringIO]:
+    out = io.StringIO()
+    return ConsoleEventSink(Console("job-1", stream=out, **console), spark_log="/l/s.log"), out
+
+
+def _publish(sink: ConsoleEventSink, attempt: int, *payloads: p._Model) -> None:
+    sink.publish([p.envelope("job-1", attempt, 0, pl) for pl in payloads])
+
+
+def _completed(cid: int) -> p.CheckpointCompleted:
+    return p.CheckpointCompleted(
+        checkpoint_id=cid,
+        external_path=f"file:///c/chk-{cid}",
+        trigger_timestamp=0,
+        completion_timestamp=250,
+        end_to_end_duration_ms=250.0,
+        state_size=2048,
+    )
+
+
+FAILED = p.TaskFailed(epoch=3, cause="ValueError: bad record\nTraceback (most recent call last):")
+
+
+def test_text_lines_for_a_failure_and_a_restore_and_every_nth_checkpoint() -> None:
+    sink, out = _sink(every=2)
+    _publish(sink, 1, p.JobRestored(checkpoint_id=None))  # a connected job's start: no line
+    _publish(sink, 1, p.JobStatusChanged(status=p.JobStatus.RUNNING, spark_application_id="a-1"))
+    _publish(sink, 1, *(_completed(cid) for cid in (1, 2, 3)))
+    _publish(sink, 1, FAILED)
+    _publish(sink, 2, p.JobRestored(checkpoint_id=3, external_path="file:///c/chk-3"))
+    sink.console.ended("FINISHED", 1200, 2.0, 3, 1)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "sparkpoint job-1: attempt 1 running on Spark application a-1"
+    assert [line for line in lines if "completed in" in line] == [
+        "sparkpoint job-1: checkpoint 1 completed in 250 ms, 2.0 KiB (1 so far)",
+        "sparkpoint job-1: checkpoint 3 completed in 250 ms, 2.0 KiB (3 so far)",
+    ]
+    [failure] = [line for line in lines if "failed" in line]
+    assert failure == (
+        "sparkpoint job-1: ERROR: attempt 1 failed in epoch 3: ValueError: bad record "
+        "(Spark's log: /l/s.log)"
+    )
+    assert any("WARNING: attempt 2 restored from checkpoint 3" in line for line in lines)
+    assert lines[-1] == (
+        "sparkpoint job-1: FINISHED: 1,200 records in 2.0 s (600/s), 3 checkpoints completed, "
+        "1 restores"
+    )
+
+
+def test_quiet_keeps_failures_restores_and_the_end_only() -> None:
+    sink, out = _sink(quiet=True)
+    _publish(sink, 1, p.JobStatusChanged(status=p.JobStatus.RUNNING), _completed(1), FAILED)
+    _publish(sink, 2, p.JobRestored(checkpoint_id=1))
+    sink.console.ended("FINISHED", 10, 1.0, 1, 1)
+    text = out.getvalue()
+    assert "running" not in text and "completed in" not in text
+    assert "ERROR: attempt 1 failed" in text and "restored from checkpoint 1" in text
+    assert text.splitlines()[-1].startswith("sparkpoint job-1: FINISHED: 10 records")
+
+
+def test_json_lines_carry_the_event_and_its_fields() -> None:
+    sink, out = _sink(log_format="json", every=1)
+    _publish(sink, 1, _completed(7), FAILED)
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (first["event"], first["level"], first["checkpoint_id"]) == (
+        "checkpoint_completed",
+        "info",
+        7,
+    )
+    assert first["job"] == "job-1" and first["duration_ms"] == 250.0
+    assert (second["event"], second["level"], second["epoch"]) == ("task_failed", "error", 3)
+    assert second["cause"].startswith("ValueError: bad record")

@@ -1,0 +1,232 @@
+"""The epoch planner catches up with a paced source when per-epoch overhead nears the target.
+
+A simulated job on a :class:`~sparkpoint.clock.ManualClock`: every epoch costs a fixed
+overhead plus a cost per record, and the source produces ``RATE`` records/s on top of a
+backlog. The planner as it was (epochs sized by measured throughput alone) is computed beside
+the new one, from the same start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint import protocol as p
+from sparkpoint.clock import ManualClock
+from sparkpoint.connectors.sinks import FileSink
+from sparkpoint.connectors.sources import GeneratorSource
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.options import JobOptions
+from sparkpoint.runtime import driver
+from sparkpoint.runtime.plan import EpochPlan, TaskReport
+from sparkpoint.runtime.planner import EpochCostModel, EpochPlanner
+from sparkpoint.runtime.spark import SparkEpochRunner
+from sparkpoint.testing import line_counts
+
+RATE = 20_000  # events/s, as the demo job
+BACKLOG = 2_200_000  # how far behind the demo job fell
+PER_RECORD_MS = 0.02  # 50,000 records/s of processing
+TARGET_MS = 1_000.0
+
+
+@dataclass(frozen=True)
+class BehindSource(GeneratorSource):
+    """A paced generator that already has ``backlog`` records when the job starts."""
+
+    backlog: int = 0
+
+    def available(self, split: int, elapsed_s: float) -> int | None:
+        paced = super().available(split, elapsed_s)
+        return None if paced is None else paced + self.backlog // self.splits
+
+
+class ThroughputPlanner(EpochPlanner):
+    """The planner before: the next epoch is what the last one's throughput reads in the
+    target duration, whatever the lag (the rule that unpaced sources keep)."""
+
+    def _observe_arrivals(self) -> None:
+        """Never learns an arrival rate, so the source counts as unpaced."""
+
+
+@dataclass
+class Epoch:
+    lag: int  # records available but unread when the epoch was planned
+    records: int
+    duration_ms: float
+    lag_after_planning: int  # the same, once the epoch's ranges are taken
+
+
+def _simulate(
+    kind: type[EpochPlanner], epochs: int, overhead_ms: float, *, rate: float = RATE
+) -> list[Epoch]:
+    clock = ManualClock()
+    source = BehindSource(events=None, rate=rate, splits=2, backlog=BACKLOG if rate else 0)
+    planner = kind(
+        source,
+        clock,
+        target_ms=TARGET_MS,
+        min_records=1_000,
+        max_records=4_000_000,
+        sleep=lambda s: clock.advance(s * 1000),
+    )
+    planner.start()
+    out = []
+    for _ in range(epochs):
+        ranges = planner.next_ranges()
+        lag = planner.lag()
+        planner.advance(ranges)
+        records = sum(r.records for r in ranges)
+        duration = overhead_ms + PER_RECORD_MS * records
+        out.append(Epoch(lag, records, duration, planner.lag()))
+        clock.advance(duration)
+        planner.observe(records, duration)
+    return out
+
+
+def test_a_loaded_job_catches_up_where_the_old_planner_falls_behind_for_good() -> None:
+    overhead = 2_000.0  # a loaded machine: twice the epoch target
+    old = _simulate(ThroughputPlanner, 40, overhead)
+    new = _simulate(EpochPlanner, 40, overhead)
+    # What arrives while a minimal epoch runs, which no planner can avoid as lag:
+    # n = RATE * (overhead + n * cost) -> 66,667 records.
+    floor = RATE / 1000 * overhead / (1 - RATE / 1000 * PER_RECORD_MS)
+    # The old planner settles at its floor (2 x 1,000 records per 2 s) and its lag grows.
+    assert [e.records for e in old[-5:]] == [2_000] * 5
+    assert old[-1].lag > BACKLOG + 600_000
+    assert all(b.lag > a.lag for a, b in itertools.pairwise(old[5:]))
+    # The new one reads the whole backlog within 4 epochs, and within 10 its lag is down
+    # to what arrives during one minimal epoch, and stays there.
+    caught_up = next(i for i, e in enumerate(new) if e.lag_after_planning == 0)
+    assert caught_up <= 4
+    settled = next(i for i, e in enumerate(new) if e.lag <= 1.05 * floor)
+    assert settled <= 10
+    assert all(e.lag <= 1.05 * floor and e.lag_after_planning == 0 for e in new[settled:])
+    # ... with epochs back near their minimum duration, not the catch-up epochs' 35 s.
+    assert max(e.duration_ms for e in new[:settled]) > 30_000
+    assert max(e.duration_ms for e in new[settled:]) < 1.05 * (overhead + PER_RECORD_MS * floor)
+    # Settled, the new one reads what arrives (20,000/s); the old one ~1,000/s for good.
+    assert _records_per_s(new[settled:]) == pytest.approx(RATE, rel=0.01)
+    assert _records_per_s(old[10:]) < 1_000
+
+
+def _records_per_s(epochs: list[Epoch]) -> float:
+    return sum(e.records for e in epochs) / sum(e.duration_ms for e in epochs) * 1000
+
+
+def test_an_idle_job_keeps_epochs_within_the_target_after_catching_up() -> None:
+    new = _simulate(EpochPlanner, 30, 300.0)
+    settled = next(i for i, e in enumerate(new) if e.lag_after_planning == 0 and e.lag < 20_000)
+    assert settled <= 8
+    assert all(e.duration_ms < TARGET_MS and e.lag_after_planning == 0 for e in new[settled:])
+
+
+def test_an_unpaced_source_keeps_epochs_sized_by_throughput() -> None:
+    """Unpaced sources (the runtime tests' jobs) keep their sizing: per split, what the last
+    epoch's throughput reads in the target duration, growing at most 4x (the first epoch,
+    mostly start-up, is not measured)."""
+    for overhead in (300.0, 2_000.0):
+        epochs = _simulate(EpochPlanner, 12, overhead, rate=0)
+        per_split, expected = 100_000, [200_000, 200_000]
+        for e in epochs[1:-1]:
+            rule = e.records / e.duration_ms * TARGET_MS / 2
+            per_split = int(max(1_000, min(rule, 4 * per_split)))
+            expected.append(2 * per_split)
+        assert [e.records for e in epochs] == expected
+
+
+def test_the_cost_model_separates_overhead_from_per_record_cost() -> None:
+    model = EpochCostModel()
+    model.observe(10_000, 2_000 + 0.02 * 10_000)
+    assert (model.overhead_ms, model.per_record_ms) == (0.0, pytest.approx(0.22))
+    model.observe(40_000, 2_000 + 0.02 * 40_000)
+    assert model.overhead_ms == pytest.approx(2_000)
+    assert model.per_record_ms == pytest.approx(0.02)
+    assert model.keep_up_records(20.0) == pytest.approx(20 * 2_000 / 0.6)
+    assert model.keep_up_records(50.0) == math.inf  # 50,000/s is all it processes
+    assert model.records_within(1_000) == 0.0  # the overhead alone is over the target
+    assert model.records_within(3_000) == pytest.approx(50_000)
+    # The machine gets busier: within a window of epochs the fit follows.
+    for i in range(8):
+        records = 20_000 + 20_000 * (i % 2)
+        model.observe(records, 3_000 + 0.02 * records)
+    assert model.overhead_ms == pytest.approx(3_000)
+    assert model.per_record_ms == pytest.approx(0.02)
+
+
+# ----------------------------------------------------------------------------- on Spark
+
+SPARK_BACKLOG = 20_000
+SPARK_RATE = 5_000.0
+SPARK_EVENTS = 60_000  # the last record exists 8 s after the job starts
+EPOCH_DELAY_S = 1.5  # on top of Spark's own 0.3-2 s: the overhead is over the 1 s target
+
+
+class SlowEpochRunner(SparkEpochRunner):
+    """Spark epochs with a fixed extra cost each, as on a loaded machine."""
+
+    def run(self, plan: EpochPlan) -> list[TaskReport]:
+        time.sleep(EPOCH_DELAY_S)  # the simulated overhead, not a wait for something
+        return super().run(plan)
+
+
+@pytest.mark.spark
+def test_a_slow_job_on_spark_catches_up_with_its_paced_source(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(driver, "SparkEpochRunner", SlowEpochRunner)
+    options = JobOptions(
+        job_id="catch-up",
+        local_dir=str(tmp_path / "local"),
+        min_epoch_records=500,
+        restart_strategy={"restart-strategy.type": "none"},
+    )
+    env = StreamExecutionEnvironment(options)
+    source = BehindSource(events=SPARK_EVENTS, apps=3, rate=SPARK_RATE, backlog=SPARK_BACKLOG)
+    env.from_source(source, uid="events").sink_to(FileSink(str(tmp_path / "out")), uid="sink")
+    started = time.monotonic()
+    result = env.execute("catch-up", spark=spark)
+    seconds = time.monotonic() - started
+    beats = [b for b in result.events.of_type(p.Heartbeat) if isinstance(b, p.Heartbeat)]
+    assert result.status is p.JobStatus.FINISHED
+    assert result.records == SPARK_EVENTS
+    assert sum(line_counts(str(tmp_path / "out")).values()) == SPARK_EVENTS
+    assert beats[-1].source_lag == 0
+    # Caught up: each epoch reads what arrived while the one before ran, so the job ends a
+    # few epochs after its last record exists. The old planner shrank epochs to 2 x 500
+    # records per (1.5 s + Spark) and needed more than 20 epochs and 40 s.
+    source_s = (SPARK_EVENTS - SPARK_BACKLOG) / SPARK_RATE
+    slowest_s = max(b.duration_ms for b in beats) / 1000
+    assert len(beats) <= 10, [(b.records, b.source_lag, b.duration_ms) for b in beats]
+    assert seconds < source_s + 4 * slowest_s
+
+
+def test_a_driver_restored_from_a_checkpoint_reads_on_at_once_from_a_paced_source() -> None:
+    """A new driver (its pacing clock at zero) restored to positions that took the earlier
+    driver a minute to read: the paced source has produced those already, so the planner plans
+    an epoch past them at once instead of waiting a minute for its own clock to get there."""
+    clock = ManualClock()
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock.advance(seconds * 1000)
+
+    source = GeneratorSource(events=10_000_000, apps=10, rate=RATE)
+    planner = EpochPlanner(
+        source, clock, target_ms=TARGET_MS, min_records=1_000, max_records=4_000_000, sleep=sleep
+    )
+    minute = {sid: RATE * 60 // len(source.split_ids()) for sid in source.split_ids()}
+    planner.reset(minute)
+    planner.start()
+    clock.advance(100)
+    ranges = planner.next_ranges()
+    assert sleeps == []
+    assert [r.start for r in ranges] == list(minute.values())
+    assert all(r.records > 0 for r in ranges)
+    assert planner.lag() == sum(r.records for r in ranges)  # not a minute of backlog either

@@ -1,0 +1,1 @@
+"""Helpers that several test packages share (STYLE: one helper, one place)."""
