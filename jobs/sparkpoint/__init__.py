@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "GeneratorSource": "sparkpoint.connectors.sources",
     "FileSource": "sparkpoint.connectors.sources",
     "RedisStreamSource": "sparkpoint.connectors.redis_source",
+    "RedisListSource": "sparkpoint.connectors.unprotected",
     "TwoPhaseCommitSink": "sparkpoint.connectors.sinks",
     "FileSink": "sparkpoint.connectors.sinks",  # also s3:// and other object stores
     "ObjectStoreFileSink": "sparkpoint.connectors.object_store",
@@ -57,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "UpsertSink": "sparkpoint.connectors.upsert_sink",
     "WriteAheadSink": "sparkpoint.connectors.wal_sink",
     "JsonLinesWriteAheadSink": "sparkpoint.connectors.wal_sink",
+    "AppendFileSink": "sparkpoint.connectors.unprotected",
     "Guarantee": "sparkpoint.guarantees",
     # errors
     "SparkpointError": "sparkpoint.errors",

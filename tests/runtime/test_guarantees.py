@@ -16,6 +16,7 @@ from sparkpoint.connectors.redis_source import RedisStreamSource
 from sparkpoint.connectors.sinks import FileSink, TwoPhaseCommitSink
 from sparkpoint.connectors.sources import FileSource, GeneratorSource, Source
 from sparkpoint.connectors.sql_sink import SqlSink
+from sparkpoint.connectors.unprotected import AppendFileSink
 from sparkpoint.connectors.upsert_sink import UpsertSink
 from sparkpoint.connectors.wal_sink import JsonLinesWriteAheadSink
 from sparkpoint.errors import ConfigurationError
@@ -29,7 +30,8 @@ from sparkpoint.runtime.driver import JobDriver
 
 @dataclass(frozen=True)
 class OnceOnlySource(GeneratorSource):
-    """Stands for a source that cannot seek back (a socket, a queue that forgets)."""
+    """Stands for a source that cannot seek back without needing a Redis (the real one,
+    ``RedisListSource``, runs in ``test_consistency_table_spark.py``)."""
 
     resettable = False
 
@@ -42,15 +44,11 @@ class WalLikeSink(FileSink):
     delivery = "write_ahead_log"
 
 
-class PrintSink(FileSink):
-    delivery = "none"
-
-
-SINKS: dict[str, type[FileSink]] = {
+SINKS: dict[str, type[TwoPhaseCommitSink]] = {
     "two_phase_commit": FileSink,
     "idempotent": UpsertLikeSink,
     "write_ahead_log": WalLikeSink,
-    "none": PrintSink,
+    "none": AppendFileSink,
 }
 
 # (source resettable, sink delivery) -> (level, what the reason says or None)
