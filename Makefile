@@ -103,7 +103,7 @@ demo: $(VENV)/.installed
 	echo "  export SPARKPOINT_API_TOKEN=$$(cat $$SPARKPOINT_DATA_DIR/api-token)"; \
 	$(VENV)/bin/sparkpoint run jobs/examples/pv_count.py \
 		--checkpoint-dir file://$(abspath $(DEMO_DIR))/checkpoints --checkpoint-interval 1 \
-		--retained 5 --local-dir $(DEMO_DIR)/local \
+		--retained 30 --local-dir $(DEMO_DIR)/local \
 		--events 12000000 --apps 10 --rate 20000 --output $(DEMO_DIR)/output; \
 	echo; \
 	echo "committed output:  $(DEMO_DIR)/output (files not starting with . or _)"; \
