@@ -48,6 +48,18 @@ def redis_client(url: str) -> redis.Redis:
         raise ConfigurationError(f"invalid Redis URL {url!r}: {err}") from err
 
 
+_SHARED: dict[str, redis.Redis] = {}
+
+
+def shared_client(url: str) -> redis.Redis:
+    """One :func:`redis_client` per URL and process: the tasks of one Spark executor (and
+    the connectors they run) share its connection pool."""
+    client = _SHARED.get(url)
+    if client is None:
+        client = _SHARED[url] = redis_client(url)
+    return client
+
+
 def default_redis_url(data_dir: str | os.PathLike[str] | None = None) -> str | None:
     """The Redis a job or the control plane should use when none is given.
 

@@ -41,7 +41,7 @@ import redis
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.records import Batch
-from sparkpoint.redis_connection import redis_client
+from sparkpoint.redis_connection import shared_client
 
 _ENTRY_ID = re.compile(r"^(\d+)(?:-(\d+))?$")
 _MAX_SEQ = 2**64 - 1
@@ -50,7 +50,6 @@ _MAX_SEQ = 2**64 - 1
 SCAN_LIMIT = 200_000
 #: Entry ids fetched per round trip while counting.
 SCAN_PAGE = 10_000
-_CLIENTS: dict[str, redis.Redis] = {}
 _SCRIPTS: dict[str, Any] = {}
 # XRANGE on the server, returning only the ids: counting moves no field over the network.
 _IDS_AFTER = """
@@ -87,19 +86,11 @@ def format_entry_id(entry_id: EntryId) -> str:
     return f"{entry_id[0]}-{entry_id[1]}"
 
 
-def _client(url: str) -> redis.Redis:
-    """One client per URL and process (tasks of one executor share its connection pool)."""
-    client = _CLIENTS.get(url)
-    if client is None:
-        client = _CLIENTS[url] = redis_client(url)
-    return client
-
-
 def _ids_after(url: str, stream: str, start: str, end: str, count: int) -> list[bytes]:
     """``XRANGE stream start end COUNT count``, ids only."""
     script = _SCRIPTS.get(url)
     if script is None:
-        script = _SCRIPTS[url] = _client(url).register_script(_IDS_AFTER)
+        script = _SCRIPTS[url] = shared_client(url).register_script(_IDS_AFTER)
     return cast("list[bytes]", script(keys=[stream], args=[start, end, count]))
 
 
@@ -221,7 +212,7 @@ class RedisStreamSource(Source):
         """Up to ``wanted`` entries of the split after ``after`` (up to ``until_id``), and
         the id of the last entry looked at (of this split or not)."""
         stream, _ = self._stream(split)
-        client = _client(self.url)
+        client = shared_client(self.url)
         end = "+" if self.until is None else format_entry_id(self.until)
         out: list[tuple[bytes, dict[bytes, bytes]]] = []
         last = after
@@ -250,7 +241,7 @@ class RedisStreamSource(Source):
             return cursor
         found = cast(
             "list[bytes]",
-            _client(self.url).zrevrangebyscore(
+            shared_client(self.url).zrevrangebyscore(
                 self.anchors_key(split), offset, "-inf", start=0, num=1
             ),
         )
@@ -275,7 +266,7 @@ class RedisStreamSource(Source):
         self._cursors[split] = (offset, entry_id)
         if offset > 0:
             member = f"{offset}:{format_entry_id(entry_id)}"
-            _client(self.url).zadd(self.anchors_key(split), {member: offset})
+            shared_client(self.url).zadd(self.anchors_key(split), {member: offset})
 
     def _missing(self, split: int, offset: int, found: int) -> RedisSourceError:
         return RedisSourceError(
@@ -310,7 +301,9 @@ class RedisStreamSource(Source):
         only: a script on the server leaves their fields there)."""
         if split not in self._scanned:
             self._ensure_groups()
-            found = cast("list[bytes]", _client(self.url).zrevrange(self.anchors_key(split), 0, 0))
+            found = cast(
+                "list[bytes]", shared_client(self.url).zrevrange(self.anchors_key(split), 0, 0)
+            )
             if found:
                 at, _, entry = _text(found[0]).partition(":")
                 self._scanned[split] = (int(at), parse_entry_id(entry, "anchor"))
@@ -344,7 +337,7 @@ class RedisStreamSource(Source):
             return self._totals[split]
         stream, _ = self._stream(split)
         try:
-            info = _client(self.url).xinfo_stream(stream)
+            info = shared_client(self.url).xinfo_stream(stream)
         except redis.ResponseError:  # no such stream yet
             return None
         if parse_entry_id(_text(info["last-generated-id"]), "last id") < self.until:
@@ -357,7 +350,7 @@ class RedisStreamSource(Source):
         """Create the consumer group of every stream at ``start_id`` (the stream too)."""
         if self._groups_ready:
             return
-        client = _client(self.url)
+        client = shared_client(self.url)
         for stream in self.streams:
             try:
                 client.xgroup_create(stream, self.group, format_entry_id(self.start), mkstream=True)
@@ -395,7 +388,7 @@ class RedisStreamSource(Source):
         as the group's last-delivered id if it is ahead, (3) prune anchors.
         """
         ids = self.split_ids()
-        client = _client(self.url)
+        client = shared_client(self.url)
         self._ensure_groups()
         # Step 1
         at = {i: positions[sid] for i, sid in enumerate(ids) if sid in positions}
@@ -422,7 +415,7 @@ class RedisStreamSource(Source):
 
     def group_last_delivered(self, stream: str) -> EntryId:
         """The last-delivered id of the source's consumer group on ``stream``."""
-        for info in _client(self.url).xinfo_groups(stream):
+        for info in shared_client(self.url).xinfo_groups(stream):
             if _text(info["name"]) == self.group:
                 return parse_entry_id(_text(info["last-delivered-id"]), "last-delivered-id")
         raise RedisSourceError(f"stream {stream} has no consumer group {self.group!r}")

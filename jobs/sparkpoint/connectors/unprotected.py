@@ -23,7 +23,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from sparkpoint.connectors.redis_source import _client
 from sparkpoint.connectors.sinks import (
     OpenTransaction,
     SinkWriter,
@@ -35,6 +34,7 @@ from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import SinkTransactionModel
 from sparkpoint.records import Batch
+from sparkpoint.redis_connection import shared_client
 
 
 class RedisListSource(Source):
@@ -82,7 +82,7 @@ class RedisListSource(Source):
 
     def available(self, split: int, elapsed_s: float) -> int | None:
         """Entries the list has had: popped so far and still queued (one round trip)."""
-        pipe = _client(self.url).pipeline(transaction=True)
+        pipe = shared_client(self.url).pipeline(transaction=True)
         pipe.get(self.popped_key(split))
         pipe.llen(self.keys[split])
         popped, queued = pipe.execute()
@@ -94,7 +94,7 @@ class RedisListSource(Source):
             return Batch.of_rows([])
         script = _POP_SCRIPTS.get(self.url)
         if script is None:
-            script = _POP_SCRIPTS[self.url] = _client(self.url).register_script(_POP)
+            script = _POP_SCRIPTS[self.url] = shared_client(self.url).register_script(_POP)
         entries = script(keys=[self.keys[split], self.popped_key(split)], args=[end - start])
         return Batch.of_rows([_decode(raw) for raw in entries])
 
