@@ -139,6 +139,7 @@ def test_a_killed_spark_jvm_restarts_the_driver_at_start_and_mid_run(tmp_path: P
     assert all("lost the driver's Spark: " in line for line in deaths), deaths
     assert "restarting from the beginning" in deaths[0]
     assert "restarting from file://" in deaths[1]
+    assert "Traceback" not in err, err[-3000:]  # pyspark's accumulator server keeps quiet
     assert line_counts(str(tmp_path / "out")) == expected_every_lines()
 
 

@@ -16,6 +16,7 @@ new one.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -29,6 +30,8 @@ from sparkpoint.graph import JobGraph, SourceVertex, Vertex
 from sparkpoint.protocol_types import MAX_EXECUTORS
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
+
+_log = logging.getLogger(__name__)
 
 
 class EpochFailedError(SparkpointError):
@@ -126,6 +129,8 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
         )
         if spark_log is None:  # else the configuration keeps WARN in the file, ERROR on screen
             session.sparkContext.setLogLevel("ERROR")
+        else:
+            _quiet_accumulator_server(session.sparkContext)
     except Exception as err:
         lost = spark_lost(err)
         if lost is not None:
@@ -133,6 +138,17 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
         raise
     check_session(session)
     return session
+
+
+def _quiet_accumulator_server(context: Any) -> None:
+    """pyspark's accumulator server (a ``socketserver`` in the driver) prints a traceback on
+    the console when the JVM dies and its connection ends (``EOFError``); the driver reports
+    that death in one line already, so the server's errors go to the debug log instead."""
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda _request, address: _log.debug(
+            "pyspark accumulator connection from %s failed", address, exc_info=True
+        )
 
 
 #: Spark's retries, each with its default on a cluster: Sparkpoint needs every one at 1.
