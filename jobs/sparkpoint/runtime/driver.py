@@ -152,6 +152,7 @@ class JobDriver:
                 self.job, self.restart, link, timeout_ms=options.control_plane_timeout_ms
             )
         self._spark = spark
+        self._signals: _SignalCancel | None = None
 
     def run(self) -> JobResult:
         """Steps: (1) prepare (standalone: read ``--from-checkpoint``; connected: register and
@@ -169,7 +170,7 @@ class JobDriver:
         started = self.clock.monotonic_ms()
         job = self.job
         try:
-            with _cancel_on_signals(self.authority) as canceled_by:
+            with _cancel_on_signals(self.authority) as self._signals:
                 self._run(job)
         finally:
             if job.status is not p.JobStatus.CREATED:  # else it never started: the error says why
@@ -185,6 +186,7 @@ class JobDriver:
                     len(job.completed),
                     len(job.restores),
                 )
+        canceled_by = self._signals.received if self._signals else []
         if job.status is p.JobStatus.CANCELED and canceled_by:
             raise JobCanceledError(
                 f"job {self.job_id} canceled by {signal.Signals(canceled_by[0]).name}",
@@ -212,6 +214,8 @@ class JobDriver:
             session = self._spark or spark_session(
                 self.options.master, self.graph.name, spark_log=self.spark_log
             )
+            if self._signals is not None:
+                self._signals.arm()  # the SparkContext may have put pyspark's SIGINT handler
             runner = SparkEpochRunner(self.graph, session)
             job.spark = runner.application()
             self._warm_up(runner)
@@ -255,33 +259,45 @@ def job_restart_strategy(options: JobOptions) -> RestartStrategy:
     )
 
 
-@contextmanager
-def _cancel_on_signals(authority: Authority) -> Iterator[list[int]]:
-    """While the job runs, the first SIGTERM or SIGINT asks ``authority`` to cancel; the
-    yielded list receives its number. The previous handlers come back at once, so a second
-    signal acts as it did before (terminates, or KeyboardInterrupt). Only in the main thread."""
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-    signums = (signal.SIGTERM, signal.SIGINT)
-    previous = {s: signal.getsignal(s) for s in signums}
+class _SignalCancel:
+    """While the job runs, the first SIGTERM or SIGINT asks ``authority`` to cancel and is
+    kept in ``received``. The previous handlers come back at once, so a second signal acts as
+    it did before (terminates, or KeyboardInterrupt). Only in the main thread."""
 
-    def restore() -> None:
-        for s, handler in previous.items():
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, authority: Authority) -> None:
+        self.authority = authority
+        self.received: list[int] = []
+        self.active = threading.current_thread() is threading.main_thread()
+        self.previous = {s: signal.getsignal(s) for s in self.SIGNALS} if self.active else {}
+
+    def arm(self) -> None:
+        """Install the handlers (again: a new SparkContext installs pyspark's own SIGINT
+        handler, which cancels Spark's jobs and raises KeyboardInterrupt mid-epoch)."""
+        if self.active and not self.received:
+            for s in self.SIGNALS:
+                signal.signal(s, self._on_signal)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
             signal.signal(s, handler)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        received.append(signum)
-        restore()
-        authority.request_cancel()
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        self.restore()
+        self.authority.request_cancel()
 
-    for s in signums:
-        signal.signal(s, on_signal)
+
+@contextmanager
+def _cancel_on_signals(authority: Authority) -> Iterator[_SignalCancel]:
+    """:class:`_SignalCancel` armed for the block; the previous handlers come back after it."""
+    signals = _SignalCancel(authority)
+    signals.arm()
     try:
-        yield received
+        yield signals
     finally:
-        restore()
+        signals.restore()
 
 
 def durable_working_state(options: JobOptions, storage: CheckpointStorage) -> bool:
