@@ -112,8 +112,14 @@ class StreamExecutionEnvironment:
             raise ConfigurationError("the job has no source: call env.from_source(...) first")
         return self._graph
 
-    def execute(self, job_name: str = "sparkpoint-job", spark: Any = None) -> JobResult:
-        """Run the job until its bounded input ends (or it fails past its restart strategy)."""
+    def execute(
+        self, job_name: str = "sparkpoint-job", spark: Any = None, *, in_process: bool = False
+    ) -> JobResult:
+        """Run the job until its bounded input ends (or it fails past its restart strategy).
+
+        ``spark``: the SparkSession (default: one for the options' master). ``in_process``:
+        without Spark, every subtask in this process one after the other — for a job's unit
+        tests, in milliseconds (:mod:`sparkpoint.runtime.local`)."""
         from sparkpoint.runtime.driver import JobDriver
 
         graph = self.graph
@@ -130,7 +136,7 @@ class StreamExecutionEnvironment:
                 f"job {job_name!r}: the stream of {', '.join(nowhere)} goes to no sink and no "
                 "keyed operator; call .sink_to(...) on it"
             )
-        return JobDriver(graph, self.options, spark=spark).run()
+        return JobDriver(graph, self.options, spark=spark, in_process=in_process).run()
 
 
 class DataStream:

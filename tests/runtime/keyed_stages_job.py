@@ -12,8 +12,10 @@ from sparkpoint.connectors.sinks import FileSink
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode
-from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection, ListSource
+
+from .pv_harness import drive
 
 USERS = 13
 REGIONS = 3
@@ -30,8 +32,9 @@ def run_stages(
     clicks: tuple[Any, ...] | None = None,
     more_sinks: bool = False,
 ) -> tuple[JobResult, str]:
-    """Run the job on Spark (with ``clicks``: the union of two sources; ``more_sinks``: three
-    sinks, under ``<base>/<name>/more``); returns its result and output directory."""
+    """Run the job on Spark, or in this process given ``IN_PROCESS`` (with ``clicks``: the
+    union of two sources; ``more_sinks``: three sinks, under ``<base>/<name>/more``); returns
+    its result and output directory."""
     out = str(base / name / "out")
     options = JobOptions(
         job_id=f"stages-{name}",
@@ -51,7 +54,7 @@ def run_stages(
     more = str(base / name / "more") if more_sinks else None
     build(env, events(EVENTS), out, clicks, more)
     env.graph.name = "user-region-count"
-    return JobDriver(env.graph, options, spark=spark, failure=failure).run(), out
+    return drive(env.graph, options, spark, failure), out
 
 
 def restored_before_failure(result: JobResult) -> int | None:

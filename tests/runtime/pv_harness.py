@@ -13,7 +13,7 @@ import pytest
 from examples import pv_count
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sources import GeneratorSource
-from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.graph import JobGraph, StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode
 from sparkpoint.runtime.driver import JobDriver, JobResult
@@ -22,6 +22,9 @@ from sparkpoint.testing import FailureInjection
 EVENTS = 12_000
 APPS = 7
 EPOCH_RECORDS = 1_000  # per split: 6 epochs, a checkpoint in each
+# Pass as ``spark`` to run without Spark (:class:`~sparkpoint.runtime.local.LocalEpochRunner`).
+IN_PROCESS = "in-process"
+
 # Every state backend and snapshot kind the exactly-once suite runs with.
 BACKENDS = [
     pytest.param(("hashmap", False), id="hashmap"),
@@ -102,8 +105,17 @@ def run_pv(
         ],
     )
     env.graph.name = "pv-count"
-    result = JobDriver(env.graph, options, spark=spark, failure=failure).run()
-    return result, out
+    return drive(env.graph, options, spark, failure), out
+
+
+def drive(
+    graph: JobGraph, options: JobOptions, spark: Any, failure: FailureInjection | None
+) -> JobResult:
+    """Run a job graph on ``spark`` (a SparkSession) or, given :data:`IN_PROCESS`, without."""
+    in_process = spark == IN_PROCESS
+    session = None if in_process else spark
+    driver = JobDriver(graph, options, spark=session, failure=failure, in_process=in_process)
+    return driver.run()
 
 
 def true_counts(events: int = EVENTS) -> dict[str, int]:

@@ -4,6 +4,10 @@ Every run's committed output (as a multiset of lines) must equal the failure-fre
 both must equal what the source implies (pv 1..n for an app with n events), with every state
 backend: hashmap, rocksdb with full and with incremental checkpoints. At-least-once mode with
 the same failure must show duplicates.
+
+Each failure point runs on Spark once (hashmap) and, for every backend, in this process
+(:class:`~sparkpoint.runtime.local.LocalEpochRunner`: the same tasks without Spark, in
+milliseconds); the tests of working state that moves between Python workers stay on Spark.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sparkpoint.testing import FailureInjection, line_counts
 from .pv_harness import (
     BACKENDS,
     EVENTS,
+    IN_PROCESS,
     expected_every_lines,
     hidden_files,
     run_pv,
@@ -82,7 +87,15 @@ def latest_completed_before_failure(result: JobResult) -> int | None:
         ),
     ],
 )
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("backend", "on_spark"),
+    [
+        pytest.param(("hashmap", False), True, id="hashmap-spark"),
+        pytest.param(("hashmap", False), False, id="hashmap-in-process"),
+        pytest.param(("rocksdb", False), False, id="rocksdb-full-in-process"),
+        pytest.param(("rocksdb", True), False, id="rocksdb-incremental-in-process"),
+    ],
+)
 def test_exactly_once_after_failure(
     spark: Any,
     tmp_path: Path,
@@ -90,8 +103,10 @@ def test_exactly_once_after_failure(
     failure: FailureInjection,
     restores_a_checkpoint: bool,
     backend: tuple[str, bool],
+    on_spark: bool,
 ) -> None:
-    result, out = run_pv(spark, tmp_path, "failed", failure=failure, backend=backend)
+    engine = spark if on_spark else IN_PROCESS
+    result, out = run_pv(engine, tmp_path, "failed", failure=failure, backend=backend)
     assert result.status is JobStatus.FINISHED
     restored = latest_completed_before_failure(result)
     assert (restored is not None) is restores_a_checkpoint

@@ -46,7 +46,8 @@ from sparkpoint.runtime.authority import (
     JobFailedError,
 )
 from sparkpoint.runtime.connected import ControlPlaneAuthority, ControlPlaneLink
-from sparkpoint.runtime.execution import JobExecution
+from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.local import LocalEpochRunner
 from sparkpoint.runtime.plan import FailureInjection
 from sparkpoint.runtime.planner import EpochPlanner, planned_source
 from sparkpoint.runtime.spark import (
@@ -96,7 +97,11 @@ class JobDriver:
         clock: Clock | None = None,
         events: EventSink | None = None,
         failure: FailureInjection | None = None,
+        in_process: bool = False,
     ) -> None:
+        """``spark``: the SparkSession to run on (default: one for ``options.master``);
+        ``in_process``: no Spark at all, the epochs run in this process
+        (:class:`~sparkpoint.runtime.local.LocalEpochRunner`, for tests)."""
         check_state_options(options)
         self.graph = graph
         self.options = options
@@ -110,7 +115,8 @@ class JobDriver:
             every=options.log_every,
         )
         self.spark_log = os.path.join(options.local_dir, "logs", f"{options.job_id}-spark.log")
-        shown = None if spark is not None else self.spark_log  # a given session logs as it does
+        # A given session logs as it does; without Spark there is no Spark log.
+        shown = None if spark is not None or in_process else self.spark_log
         sinks: list[EventSink] = [self.memory, ConsoleEventSink(self.console, spark_log=shown)]
         if events is not None:
             sinks.append(events)
@@ -152,6 +158,7 @@ class JobDriver:
                 self.job, self.restart, link, timeout_ms=options.control_plane_timeout_ms
             )
         self._spark = spark
+        self._in_process = in_process
         self._signals: _SignalCancel | None = None
 
     def run(self) -> JobResult:
@@ -211,12 +218,7 @@ class JobDriver:
             self.storage.check_writable(self.job_id, local_dir=self.options.local_dir)
             self.authority.prepare()
             # Step 2
-            session = self._spark or spark_session(
-                self.options.master, self.graph.name, spark_log=self.spark_log
-            )
-            if self._signals is not None:
-                self._signals.arm()  # the SparkContext may have put pyspark's SIGINT handler
-            runner = SparkEpochRunner(self.graph, session)
+            runner = self._runner()
             job.spark = runner.application()
             self._warm_up(runner)
             # Step 3
@@ -234,7 +236,17 @@ class JobDriver:
             self.events.close()
             self.authority.close()
 
-    def _warm_up(self, runner: SparkEpochRunner) -> None:
+    def _runner(self) -> EpochRunner:
+        if self._in_process:
+            return LocalEpochRunner(self.graph)
+        session = self._spark or spark_session(
+            self.options.master, self.graph.name, spark_log=self.spark_log
+        )
+        if self._signals is not None:
+            self._signals.arm()  # the SparkContext may have put pyspark's SIGINT handler
+        return SparkEpochRunner(self.graph, session)
+
+    def _warm_up(self, runner: EpochRunner) -> None:
         """Start the Python workers. A failure (a worker killed, ...) goes through the restart
         strategy as an epoch's would; nothing ran yet, so there is nothing to restore."""
         while not self.authority.cancel_requested:

@@ -31,7 +31,14 @@ from sparkpoint.runtime.spark import EpochFailedError, SparkApplication
 
 
 class EpochRunner(Protocol):
-    """Runs one epoch's plan (on Spark: :class:`~sparkpoint.runtime.spark.SparkEpochRunner`)."""
+    """Runs one epoch's plan: on Spark (:class:`~sparkpoint.runtime.spark.SparkEpochRunner`)
+    or in this process (:class:`~sparkpoint.runtime.local.LocalEpochRunner`)."""
+
+    def warm_up(self) -> None:
+        """Start what runs tasks before the first epoch (Spark's Python workers)."""
+
+    def application(self) -> SparkApplication:
+        """Where the epochs run, as the job's RUNNING status reports it."""
 
     def run(self, plan: EpochPlan) -> list[TaskReport]: ...
 
