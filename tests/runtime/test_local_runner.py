@@ -13,13 +13,16 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sparkpoint import FileSink, GeneratorSource, StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import JobStatus
+from sparkpoint.runtime.driver import JobFailedError
 from sparkpoint.testing import FailureInjection, line_counts
 
 from .keyed_stages_job import (
@@ -123,3 +126,28 @@ def test_execute_in_process_runs_a_job_authors_pipeline(tmp_path: Path) -> None:
     truth = true_counts(5_000)
     del truth["app-0"]
     assert latest == truth
+
+
+def test_a_function_that_cannot_be_shipped_fails_the_job_as_on_spark(tmp_path: Path) -> None:
+    """The runner ships the graph as Spark does: what Spark could not pickle fails here too."""
+    lock = threading.Lock()
+
+    def tag(event: dict[str, Any]) -> dict[str, Any]:
+        with lock:  # a lock cannot be pickled: no task could receive this function
+            return event
+
+    options = JobOptions(
+        job_id="unshippable",
+        local_dir=str(tmp_path / "local"),
+        restart_strategy={"restart-strategy.type": "none"},
+    )
+    env = StreamExecutionEnvironment(options)
+    (
+        env.from_source(GeneratorSource(events=100, rate=0), uid="events")
+        .map(tag, uid="tag")
+        .key_by("app_id")
+        .count(uid="pv", output="pv")
+        .sink_to(FileSink(str(tmp_path / "out")), uid="sink")
+    )
+    with pytest.raises(JobFailedError, match=r"cannot pickle '_thread\.lock' object"):
+        env.execute("unshippable", in_process=True)

@@ -8,6 +8,12 @@ their target subtask (what Spark's shuffle does), the tail vertices' reports ret
 that raises fails the epoch with its error as the cause, as a failed Spark task does
 (``spark.task.maxFailures=1``); the authority then recovers the job from its checkpoint.
 
+Everything crosses a process boundary as on Spark: each subtask gets its own copy of the job
+graph and the epoch's plan, shipped with cloudpickle as Spark ships a stage's closure, and every
+element between stages (and every report to the driver) is pickled and unpickled — so a
+function or a record that does not survive pickling fails here as it would on a cluster, and
+no subtask shares an object with another.
+
 What it does not have: parallel tasks, Python workers that die, executors, a shuffle that
 spills or fetches over the network. Each subtask's input arrives channel after channel (all of
 upstream subtask 0's elements, then 1's, ...): one of the orders Spark's shuffle may deliver,
@@ -18,7 +24,11 @@ seconds, not minutes; what only Spark shows keeps its Spark tests.
 from __future__ import annotations
 
 import itertools
+import pickle
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+import cloudpickle
 
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
@@ -45,32 +55,45 @@ class LocalEpochRunner:
         """Run one epoch; raises :class:`EpochFailedError` when any subtask raised."""
         outputs: dict[str, list[list[Any]]] = {}
         try:
+            shipped = cloudpickle.dumps((self.graph, plan))  # as Spark ships a stage's closure
             for vertex in self.graph.all_vertices():  # topological: inputs first
-                outputs[vertex.uid] = self._run_vertex(plan, vertex, outputs)
+                outputs[vertex.uid] = self._run_vertex(shipped, vertex, outputs)
         except Exception as err:
             raise EpochFailedError(plan.epoch, f"{type(err).__name__}: {err}") from err
         tails = [v.uid for v in self.graph.all_vertices() if self.graph.downstream(v.uid) is None]
-        return [report for uid in tails for out in outputs[uid] for report in out]
+        return [pickle.loads(report) for uid in tails for out in outputs[uid] for report in out]
 
     def _run_vertex(
-        self, plan: EpochPlan, vertex: Vertex, outputs: dict[str, list[list[Any]]]
-    ) -> list[list[Any]]:
-        """Each subtask's output, in subtask order."""
+        self, shipped: bytes, vertex: Vertex, outputs: dict[str, list[list[bytes]]]
+    ) -> list[list[bytes]]:
+        """Each subtask's output (pickled elements), in subtask order."""
         uid, n = vertex.uid, vertex.parallelism
+        results = []
         if isinstance(vertex, SourceVertex):
-            return [
-                list(run_source_task(self.graph, plan, i, self._info(i), vertex=uid))
-                for i in range(n)
-            ]
-        inputs: list[list[tuple[int, Any]]] = [[] for _ in range(n)]
+            for i in range(n):
+                graph, plan = cloudpickle.loads(shipped)  # each task its own copy
+                results.append(_pickled(run_source_task(graph, plan, i, self._info(i), vertex=uid)))
+            return results
+        inputs: list[list[bytes]] = [[] for _ in range(n)]
         for upstream in vertex.inputs:
             for out in outputs[upstream]:
                 for element in out:
-                    inputs[element[0]].append(element)
-        return [
-            list(run_keyed_task(self.graph, plan, i, iter(inputs[i]), self._info(i), vertex=uid))
-            for i in range(n)
-        ]
+                    inputs[pickle.loads(element)[0]].append(element)
+        for i in range(n):
+            graph, plan = cloudpickle.loads(shipped)
+            elements = _unpickled(inputs[i])
+            results.append(
+                _pickled(run_keyed_task(graph, plan, i, elements, self._info(i), vertex=uid))
+            )
+        return results
 
     def _info(self, partition: int) -> TaskInfo:
         return TaskInfo(partition=partition, task_attempt=next(self._task_attempts))
+
+
+def _pickled(elements: Iterable[Any]) -> list[bytes]:
+    return [pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL) for e in elements]
+
+
+def _unpickled(elements: list[bytes]) -> Iterator[Any]:
+    return (pickle.loads(e) for e in elements)
