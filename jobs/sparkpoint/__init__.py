@@ -41,6 +41,12 @@ _EXPORTS: dict[str, str] = {
     "Float64Serializer": "sparkpoint.state.serializers",
     "Utf8Serializer": "sparkpoint.state.serializers",
     "BytesSerializer": "sparkpoint.state.serializers",
+    # operator (non-keyed) state of a function
+    "CheckpointedFunction": "sparkpoint.operator_state",
+    "FunctionInitializationContext": "sparkpoint.operator_state",
+    "FunctionSnapshotContext": "sparkpoint.operator_state",
+    "OperatorStateStore": "sparkpoint.operator_state",
+    "OperatorListState": "sparkpoint.operator_state",
     # event time and windows
     "BoundedOutOfOrdernessWatermarks": "sparkpoint.watermarks",
     "TumblingEventTimeWindows": "sparkpoint.windows",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sparkpoint.connectors.sinks import TwoPhaseCommitSink
 from sparkpoint.connectors.sources import Source
 from sparkpoint.functions import KeyedOperator, StatelessOperator, TimestampsAndWatermarksOperator
+from sparkpoint.operator_state import CheckpointedFunction
 from sparkpoint.protocol import VertexModel
 
 
@@ -176,14 +177,18 @@ class JobGraph:
         return {v.uid: v.parallelism for v in self.all_vertices()}
 
     def stateful(self) -> dict[str, int]:
-        """Vertices with working state between epochs (keyed state or a sink's transactions)
-        -> parallelism."""
+        """Vertices with working state between epochs (keyed state, a sink's transactions or
+        a function's operator state) -> parallelism."""
         with_sinks = {s.vertex for s in self.sinks}
         return {
             v.uid: v.parallelism
             for v in self.all_vertices()
-            if isinstance(v, KeyedVertex) or v.uid in with_sinks
+            if isinstance(v, KeyedVertex) or v.uid in with_sinks or checkpointed_functions(v)
         }
+
+    def function_uids(self) -> set[str]:
+        """The uids of every operator whose function may hold operator state."""
+        return {uid for v in self.all_vertices() for uid in checkpointed_functions(v)}
 
     # ------------------------------------------------------------------ protocol
     def vertices(self) -> list[VertexModel]:
@@ -203,3 +208,16 @@ class JobGraph:
 
     def edges(self) -> list[tuple[str, str]]:
         return [(i, k.uid) for k in self.keyed_vertices for i in k.inputs]
+
+
+def checkpointed_functions(vertex: Vertex) -> dict[str, CheckpointedFunction]:
+    """The vertex's functions with operator state, by the uid of the operator that holds them."""
+    ops: list[object] = list(vertex.chain)
+    if isinstance(vertex, KeyedVertex):
+        ops.insert(0, vertex.operator)
+    found = {}
+    for op in ops:
+        fn = getattr(op, "fn", None)
+        if isinstance(fn, CheckpointedFunction):
+            found[op.uid] = fn  # type: ignore[attr-defined]
+    return found

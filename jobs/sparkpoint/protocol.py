@@ -119,6 +119,20 @@ class SinkTransactionModel(_Model):
     sink: str | None = None  # the sink's uid; None: the only sink of the acknowledging vertex
 
 
+class OperatorStateModel(_Model):
+    """One list state of a checkpointed function in one subtask (``sparkpoint.operator_state``),
+    kept in the checkpoint's metadata: its values pickled, then base64 (at most 64 KiB pickled
+    per subtask, checked by the task; the message limit bounds it here)."""
+
+    function: Name  # the uid of the operator whose function holds it
+    name: Name
+    mode: Literal["split", "union"]
+    subtask: Index
+    parallelism: Parallelism
+    values: Size  # how many
+    data: str
+
+
 # ----------------------------------------------------------------------------- events
 
 
@@ -227,6 +241,7 @@ class SnapshotCompleted(_Model):
     handles: list[StateHandleModel] = []
     source_positions: dict[str, Long] = {}
     sink_transactions: list[SinkTransactionModel] = []
+    operator_state: list[OperatorStateModel] = []
     clock_flagged: bool = False  # a negative duration was clamped to 0
 
 

@@ -106,7 +106,9 @@ class SavepointSummary:
     attempt: int | None
     completion_timestamp: int | None
     handles: list[HandleSummary]
-    stateless: list[tuple[str, int]]  # (operator uid, subtask) of acks without handles
+    # (vertex uid, subtask, function uid, state name, mode, values) of each operator list state
+    operator_state: list[tuple[str, int, str, str, str, int]]
+    stateless: list[tuple[str, int]]  # (operator uid, subtask) of acks without any state
 
     def to_json(self) -> dict[str, Any]:
         """The summary as JSON-ready data."""
@@ -262,7 +264,14 @@ def inspect_savepoint(path: str, sample: int = DEFAULT_SAMPLE) -> SavepointSumma
         attempt=optional_int("attempt"),
         completion_timestamp=optional_int("completion_timestamp"),
         handles=handles,
-        stateless=sorted((a.operator_id, a.subtask) for a in acks if not a.handles),
+        operator_state=sorted(
+            (a.operator_id, a.subtask, s.function, s.name, s.mode, s.values)
+            for a in acks
+            for s in a.operator_state
+        ),
+        stateless=sorted(
+            (a.operator_id, a.subtask) for a in acks if not a.handles and not a.operator_state
+        ),
     )
 
 
@@ -326,6 +335,11 @@ def render_text(summary: SavepointSummary) -> str:
             lines.extend(
                 f"    [key group {e.key_group}] {e.state} {e.key} = {e.value}" for e in h.sample
             )
+    for vertex, subtask, function, name, mode, values in summary.operator_state:
+        lines.append(
+            f"operator {vertex}, subtask {subtask}: operator state of {function}, "
+            f"list {name!r} ({mode}), {values} values"
+        )
     for operator_id, subtask in summary.stateless:
         lines.append(f"operator {operator_id}, subtask {subtask}: no state")
     return "\n".join(lines)

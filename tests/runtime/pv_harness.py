@@ -139,10 +139,10 @@ def hidden_files(out: str) -> list[str]:
     return sorted(n for n in os.listdir(out) if n.startswith("."))
 
 
-def completed_checkpoint_dirs(base: Path, job: str) -> list[Path]:
-    """The ``chk-*`` directories with a ``_metadata`` of the PV job ``job`` run under
-    ``base``, oldest first."""
-    root = base / job / "chk" / f"pv-{job}"
+def completed_checkpoint_dirs(base: Path, job: str, prefix: str = "pv") -> list[Path]:
+    """The ``chk-*`` directories with a ``_metadata`` of the job ``job`` run under ``base``
+    (its id ``<prefix>-<job>``), oldest first."""
+    root = base / job / "chk" / f"{prefix}-{job}"
     return sorted(
         (d for d in root.glob("chk-*") if (d / "_metadata").exists()),
         key=lambda d: int(d.name.split("-")[1]),

@@ -349,12 +349,16 @@ class JobExecution:
         # Step 3
         self.planner.reset(point.source_positions() if point else {})
         self.storage.discard_working_state(self.job_id)  # every version is stale now
-        # Step 4: every keyed vertex gets its own handles.
+        # Step 4: every keyed vertex gets its own handles, every vertex its operator state.
         keyed = {k.uid for k in self.graph.keyed_vertices}
         self.state_inputs = {
             uid: tuple(
-                StateInput(handles=point.handles(uid), restored_from=point.checkpoint_id)
-                if point is not None and uid in keyed
+                StateInput(
+                    handles=point.handles(uid) if uid in keyed else (),
+                    operator_state=point.operator_state(uid),
+                    restored_from=point.checkpoint_id,
+                )
+                if point is not None
                 else StateInput()
                 for _ in range(n)
             )

@@ -37,12 +37,14 @@ class StateInput:
     ``version``: the tag of the version the previous accepted epoch wrote, read from this
     executor's local disk or else from ``durable_path``; ``handles``: a checkpoint's state
     handles to restore (every handle of the operator: the subtask keeps the key groups in its
-    range); neither: empty state.
+    range); neither: empty state. ``operator_state``: the restored checkpoint's operator
+    state of the vertex, every subtask's (each subtask takes its share).
     """
 
     version: str | None = None
     durable_path: str | None = None
     handles: tuple[p.StateHandleModel, ...] = ()
+    operator_state: tuple[p.OperatorStateModel, ...] = ()  # every subtask's, when restoring
     restored_from: int | None = None
     backend_url: str | None = None  # where the durable copy of the keyed state starts
     durable_files: tuple[str, ...] = ()  # every durable file of the version (sink's included)

@@ -39,6 +39,10 @@ class RestorePoint:
     def handles(self, operator_id: str) -> tuple[p.StateHandleModel, ...]:
         return tuple(h for a in self.acks if a.operator_id == operator_id for h in a.handles)
 
+    def operator_state(self, operator_id: str) -> tuple[p.OperatorStateModel, ...]:
+        """Vertex ``operator_id``'s operator state, every subtask's."""
+        return tuple(s for a in self.acks if a.operator_id == operator_id for s in a.operator_state)
+
 
 def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> RestorePoint:
     """Read a checkpoint's ``_metadata`` (the chk directory or the file) into a RestorePoint.
@@ -81,6 +85,24 @@ def check_restore_point(
         )
     if unknown:
         kept = tuple(a for a in point.acks if a.operator_id in tasks)
+        point = RestorePoint(point.checkpoint_id, point.attempt, kept, point.external_path)
+    held = {s.function for a in point.acks for s in a.operator_state}
+    functions = graph.function_uids() if held else set()
+    stale = sorted(held - functions)
+    if stale and not allow_non_restored_state:
+        raise ConfigurationError(
+            f"checkpoint {point.checkpoint_id} ({point.external_path}) has operator state of "
+            f"functions {stale} that this job does not have (its checkpointed functions: "
+            f"{sorted(functions)}); to restore the rest and drop that state, run with "
+            "--allow-non-restored-state"
+        )
+    if stale:
+        kept = tuple(
+            a.model_copy(
+                update={"operator_state": [s for s in a.operator_state if s.function in functions]}
+            )
+            for a in point.acks
+        )
         point = RestorePoint(point.checkpoint_id, point.attempt, kept, point.external_path)
     splits = set(graph.split_ids())
     positions = set(point.source_positions())

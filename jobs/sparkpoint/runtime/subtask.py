@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import AlignmentStats, CheckpointBarrier
@@ -22,9 +22,15 @@ from sparkpoint.clock import Clock
 from sparkpoint.connectors.sinks import SinkWriter
 from sparkpoint.errors import InjectedFailure
 from sparkpoint.functions import TimestampsAndWatermarksOperator
+from sparkpoint.job_graph import Vertex
 from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.records import Batch
 from sparkpoint.runtime import working_state
+from sparkpoint.runtime.operator_states import (
+    Lists,
+    OperatorStateTooLargeError,
+    SubtaskOperatorState,
+)
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.state import backends
 from sparkpoint.state.backend import KeyedStateBackend, SnapshotCapture
@@ -44,6 +50,8 @@ class _InFlight:
     upload: Future[list[p.StateHandleModel]] | None
     target: _SnapshotTarget | None
     upload_started: float
+    operator_state: list[p.OperatorStateModel]
+    decline: str | None  # the snapshot cannot be acknowledged, and why
 
 
 @dataclass
@@ -103,8 +111,10 @@ class SubtaskCheckpointer:
         backend: KeyedStateBackend | None = None,
         sinks: dict[str, SinkWriter] | None = None,
         pending: list[tuple[int, p.SinkTransactionModel]] | None = None,
+        operator_state: SubtaskOperatorState | None = None,
     ) -> None:
         self.plan = plan
+        self.operator_state = operator_state
         self.uid = uid
         self.subtask = subtask
         self.report = report
@@ -130,6 +140,13 @@ class SubtaskCheckpointer:
         if self.backend is not None:  # savepoints are canonical, checkpoints may be native
             savepoint = barrier.kind is not CheckpointKind.CHECKPOINT
             capture = self.backend.snapshot(barrier.checkpoint_id, native=not savepoint)
+        operator_state: list[p.OperatorStateModel] = []
+        decline = None
+        if self.operator_state is not None:
+            try:
+                operator_state = self.operator_state.snapshot(barrier.checkpoint_id)
+            except OperatorStateTooLargeError as err:
+                decline = str(err)
         sinks: list[p.SinkTransactionModel] = []
         for sink_uid, writer in self.sinks.items():  # each sink its own transaction
             sealed = writer.pre_commit(barrier.checkpoint_id)
@@ -181,6 +198,8 @@ class SubtaskCheckpointer:
                 upload,
                 target,
                 self.clock.monotonic_ms(),
+                operator_state,
+                decline,
             )
         )
 
@@ -197,19 +216,20 @@ class SubtaskCheckpointer:
         cid = f.barrier.checkpoint_id
         handles: list[p.StateHandleModel] = []
         async_ms = 0.0
+        decline = f.decline
         if f.upload is not None:
             try:
                 handles = f.upload.result()
             except StateTooLargeError as err:
-                self.report.declines.append(
-                    p.CheckpointDeclined(
-                        checkpoint_id=cid,
-                        operator_id=self.uid,
-                        subtask=self.subtask,
-                        reason=str(err),
-                    )
+                decline = str(err)
+        if decline is not None:
+            self.report.declines.append(
+                p.CheckpointDeclined(
+                    checkpoint_id=cid, operator_id=self.uid, subtask=self.subtask, reason=decline
                 )
-                return
+            )
+            return
+        if f.upload is not None:
             async_ms = max(0.0, self.clock.monotonic_ms() - f.upload_started)
         raw_delay = f.first_barrier_wall - f.barrier.timestamp
         al = f.alignment
@@ -230,6 +250,7 @@ class SubtaskCheckpointer:
                 handles=handles,
                 source_positions=f.source_positions,
                 sink_transactions=f.sinks,
+                operator_state=f.operator_state,
                 clock_flagged=raw_delay < 0,
             )
         )
@@ -285,6 +306,17 @@ def open_working_state(plan: EpochPlan, uid: str, subtask: int) -> working_state
             f"({where}) and has no durable copy; recovering from the latest checkpoint"
         )
     return working_state.decode(data, inp.version, where)
+
+
+def open_operator_state(
+    plan: EpochPlan, vertex: Vertex, subtask: int, state: working_state.WorkingState
+) -> SubtaskOperatorState | None:
+    """Step 1 too: the operator state of the vertex's checkpointed functions, restored or
+    carried from the previous epoch, their ``initialize_state`` called (None: it has none)."""
+    inp = plan.state_input(vertex.uid, subtask)
+    carried = cast("Lists | None", state.operator_state)
+    restoring = inp.restored_from is not None
+    return SubtaskOperatorState.open(vertex, subtask, carried, inp.operator_state, restoring)
 
 
 def _version_store(

@@ -30,6 +30,7 @@ from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.subtask import (
     SubtaskCheckpointer,
     open_keyed_state,
+    open_operator_state,
     open_working_state,
     run_chain,
     save_working_state,
@@ -165,13 +166,22 @@ def run_source_task(
     report = TaskReport(uid, subtask, plan.epoch, plan.attempt, info.task_attempt)
     state = None
     sinks: dict[str, SinkWriter] = {}
-    if uid in graph.stateful():  # sinks are chained into the source vertex
+    operators = None
+    if uid in graph.stateful():  # sinks, or functions with operator state, in the source vertex
         state = open_working_state(plan, uid, subtask)
         state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
         sinks = _sink_writers(graph, plan, uid, subtask, info, state)
+        operators = open_operator_state(plan, src, subtask, state)
     outputs = _Outputs(graph, uid, subtask, report, sinks)
     checkpointer = SubtaskCheckpointer(
-        plan, uid, subtask, report, clock, sinks=sinks, pending=state.pending if state else None
+        plan,
+        uid,
+        subtask,
+        report,
+        clock,
+        sinks=sinks,
+        pending=state.pending if state else None,
+        operator_state=operators,
     )
     failure = plan.injects("source", subtask, uid, uid == graph.source.uid)
     stop = rng.end
@@ -238,6 +248,8 @@ def run_source_task(
     checkpointer.finish()
     report.split_end = {rng.split_id: rng.end}
     if state is not None:
+        if operators is not None:
+            state.operator_state = operators.carry()
         _close_epoch(state, sinks)
         save_working_state(plan, uid, subtask, report, state)
     report.duration_ms = clock.monotonic_ms() - started
@@ -277,9 +289,18 @@ def run_keyed_task(
     backend = open_keyed_state(plan, uid, subtask, keyed.max_parallelism, kg_range)
     state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
     sinks = _sink_writers(graph, plan, uid, subtask, info, state)
+    operators = open_operator_state(plan, keyed, subtask, state)  # before the function's open
     outputs = _Outputs(graph, uid, subtask, report, sinks)
     checkpointer = SubtaskCheckpointer(
-        plan, uid, subtask, report, clock, backend=backend, sinks=sinks, pending=state.pending
+        plan,
+        uid,
+        subtask,
+        report,
+        clock,
+        backend=backend,
+        sinks=sinks,
+        pending=state.pending,
+        operator_state=operators,
     )
     op = keyed.operator
     valve = WatermarkValve(backend.channel_watermarks, channels)
@@ -363,6 +384,8 @@ def run_keyed_task(
     # Step 3
     yield from emit(op.flush_updates(backend))
     report.late_records_dropped = op.late_records_dropped
+    if operators is not None:
+        state.operator_state = operators.carry()
     _close_epoch(state, sinks)
     # Step 4
     save_working_state(plan, uid, subtask, report, state, backend)

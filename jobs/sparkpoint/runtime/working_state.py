@@ -23,13 +23,14 @@ import contextlib
 import os
 import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
 from sparkpoint.protocol import SinkTransactionModel
 
-_MAGIC = b"SPWS3"
+_MAGIC = b"SPWS4"
 
 
 class WorkingStateLostError(SparkpointError):
@@ -38,12 +39,14 @@ class WorkingStateLostError(SparkpointError):
 
 @dataclass
 class WorkingState:
-    """What a subtask's sinks carry from one epoch to the next (keyed state goes through
-    its backend's own versions): each sink's open transaction by sink uid, and the
-    pre-committed transactions of every sink (each names its sink)."""
+    """What a subtask carries from one epoch to the next (keyed state goes through its
+    backend's own versions): each sink's open transaction by sink uid, the pre-committed
+    transactions of every sink (each names its sink), and the operator state of its
+    checkpointed functions (None until an epoch wrote it)."""
 
     open_txns: dict[str, OpenTransaction] = field(default_factory=dict)
     pending: list[tuple[int, SinkTransactionModel]] = field(default_factory=list)
+    operator_state: dict[str, dict[str, tuple[Any, list[Any]]]] | None = None
 
 
 @dataclass
