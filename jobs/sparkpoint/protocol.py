@@ -52,10 +52,16 @@ from sparkpoint.protocol_types import (
     JobStatus as JobStatus,
 )
 from sparkpoint.protocol_types import (
+    OperatorStateModel as OperatorStateModel,
+)
+from sparkpoint.protocol_types import (
     ProtocolModel as _Model,
 )
 from sparkpoint.protocol_types import (
     SharedFileModel as SharedFileModel,
+)
+from sparkpoint.protocol_types import (
+    SinkTransactionModel as SinkTransactionModel,
 )
 from sparkpoint.protocol_types import (
     StateDescriptorModel as StateDescriptorModel,
@@ -109,28 +115,6 @@ class GuaranteeModel(_Model):
 
     level: Literal["exactly_once", "at_least_once", "at_most_once"]
     reason: Text | None = None
-
-
-class SinkTransactionModel(_Model):
-    transaction_id: str
-    parts: list[str]
-    records: Size = 0
-    bytes: Size = 0
-    sink: str | None = None  # the sink's uid; None: the only sink of the acknowledging vertex
-
-
-class OperatorStateModel(_Model):
-    """One list state of a checkpointed function in one subtask (``sparkpoint.operator_state``),
-    kept in the checkpoint's metadata: its values pickled, then base64 (at most 64 KiB pickled
-    per subtask, checked by the task; the message limit bounds it here)."""
-
-    function: Name  # the uid of the operator whose function holds it
-    name: Name
-    mode: Literal["split", "union"]
-    subtask: Index
-    parallelism: Parallelism
-    values: Size  # how many
-    data: str
 
 
 # ----------------------------------------------------------------------------- events

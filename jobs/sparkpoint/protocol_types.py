@@ -8,7 +8,7 @@ enums and the state handle models, so that ``protocol.JobStatus`` and
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -101,7 +101,9 @@ _CONFIG_TYPES: dict[str, type] = {
 
 def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
     """A registration's configuration whose known keys have the types they are read as (their
-    values are checked by the control plane, which refuses a job it cannot run and says why)."""
+    values are checked by the control plane, which refuses a job it cannot run and says why),
+    and whose integers, anywhere in it, fit a ``BIGINT`` (the database stores it as JSON)."""
+    _check_integers(config, "config")
     for key, expected in _CONFIG_TYPES.items():
         value = config.get(key)
         if value is None:
@@ -113,6 +115,19 @@ def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
                 if not isinstance(setting, (str, int, float)):
                     raise ValueError(f"restart_strategy option {option!r} is not a scalar")
     return config
+
+
+def _check_integers(value: Any, where: str) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not MIN_LONG <= value <= MAX_LONG:
+        raise ValueError(f"{where} is an integer outside 64 bits")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_integers(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_integers(item, f"{where}[{i}]")
 
 
 # ----------------------------------------------------------------------------- state handles
@@ -175,3 +190,25 @@ class ExecutorModel(ProtocolModel):
     cores: int = Field(ge=0, le=1 << 16)
     active: bool
     remove_reason: Text | None = None
+
+
+class OperatorStateModel(ProtocolModel):
+    """One list state of a checkpointed function in one subtask (``sparkpoint.operator_state``),
+    kept in the checkpoint's metadata: its values pickled, then base64 (at most 64 KiB pickled
+    per subtask, checked by the task; the message limit bounds it here)."""
+
+    function: Name  # the uid of the operator whose function holds it
+    name: Name
+    mode: Literal["split", "union"]
+    subtask: Index
+    parallelism: Parallelism
+    values: Size  # how many
+    data: str
+
+
+class SinkTransactionModel(ProtocolModel):
+    transaction_id: str
+    parts: list[str]
+    records: Size = 0
+    bytes: Size = 0
+    sink: str | None = None  # the sink's uid; None: the only sink of the acknowledging vertex

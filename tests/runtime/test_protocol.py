@@ -165,3 +165,15 @@ def test_a_registration_of_a_graph_too_large_to_track_is_refused() -> None:
         p.decode(_registration(4, 25_001))
     with pytest.raises(p.ProtocolError, match="1001 vertices; at most 1000"):
         p.decode(_registration(1_001, 1))
+
+
+def test_a_registration_whose_configuration_holds_an_integer_past_64_bits_is_refused() -> None:
+    """The control plane stores the configuration as JSON in the database: a number it cannot
+    hold must be refused at the door, not fail the ingest's handler (found by the fuzz test)."""
+    raw = json.loads(_registration(1, 1))
+    raw["payload"]["config"] = {"job_options": {"limits": [1, 2**63 - 1, {"x": 2**64}]}}
+    with pytest.raises(p.ProtocolError, match=r"config.job_options.limits\[2\].x is an integer"):
+        p.decode(json.dumps(raw).encode())
+    raw["payload"]["config"] = {"job_options": {"limits": [-(2**63), 2**63 - 1, True]}}
+    _, registered = p.decode(json.dumps(raw).encode())
+    assert isinstance(registered, p.JobRegistered)
