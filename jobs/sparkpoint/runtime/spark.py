@@ -131,6 +131,7 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
             session.sparkContext.setLogLevel("ERROR")
         else:
             _quiet_accumulator_server(session.sparkContext)
+            _quiet_py4j_root_records()
     except Exception as err:
         lost = spark_lost(err)
         if lost is not None:
@@ -149,6 +150,22 @@ def _quiet_accumulator_server(context: Any) -> None:
         server.handle_error = lambda _request, address: _log.debug(
             "pyspark accumulator connection from %s failed", address, exc_info=True
         )
+
+
+def _py4j_root_record(record: logging.LogRecord) -> bool:
+    """False (drop) for what py4j logs on the root logger when the JVM's connection broke
+    (``logging.exception("Exception while sending command.")``, with a traceback); the driver
+    reports a lost Spark in one line. Kept in the debug log."""
+    if f"{os.sep}py4j{os.sep}" not in record.pathname:
+        return True
+    _log.debug("py4j: %s", record.getMessage(), exc_info=record.exc_info)
+    return False
+
+
+def _quiet_py4j_root_records() -> None:
+    root = logging.getLogger()
+    if _py4j_root_record not in root.filters:
+        root.addFilter(_py4j_root_record)
 
 
 #: Spark's retries, each with its default on a cluster: Sparkpoint needs every one at 1.
