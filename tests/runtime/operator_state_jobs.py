@@ -26,13 +26,11 @@ from sparkpoint import (
     ListStateDescriptor,
     StreamExecutionEnvironment,
 )
-from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.options import JobOptions
-from sparkpoint.protocol import CheckpointingMode
 from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection
 
-from .pv_harness import drive
+from .pv_harness import drive, job_options
 
 EVENTS = 12_000
 EPOCH_RECORDS = 1_000  # per split: six epochs
@@ -99,21 +97,13 @@ def last_counts(out: Counter[str], parallelism: int) -> dict[int, int]:
 
 
 def _options(base: Path, name: str, parallelism: int, **more: Any) -> JobOptions:
-    return JobOptions(
-        job_id=f"opstate-{name}",
-        checkpoint=CheckpointConfig(
-            mode=CheckpointingMode.EXACTLY_ONCE, interval_ms=1, retained=100
-        ),
-        checkpoint_dir=f"file://{base / name / 'chk'}",
-        local_dir=str(base / name / "local"),
+    return job_options(
+        f"opstate-{name}",
+        base,
+        name,
+        epoch_records=EPOCH_RECORDS,
         parallelism=parallelism,
-        max_epoch_records=EPOCH_RECORDS,
-        min_epoch_records=EPOCH_RECORDS,
-        restart_strategy={
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.attempts": "2",
-            "restart-strategy.fixed-delay.delay": "0 ms",
-        },
+        retained=100,
         **more,
     )
 

@@ -25,6 +25,41 @@ EPOCH_RECORDS = 1_000  # per split: 6 epochs, a checkpoint in each
 # Pass as ``spark`` to run without Spark (:class:`~sparkpoint.runtime.local.LocalEpochRunner`).
 IN_PROCESS = "in-process"
 
+# Two restarts at once: one injected failure, and a margin.
+RESTART_TWICE = {
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.attempts": "2",
+    "restart-strategy.fixed-delay.delay": "0 ms",
+}
+
+
+def job_options(
+    job_id: str,
+    base: Path,
+    name: str,
+    *,
+    epoch_records: int,
+    parallelism: int = 2,
+    retained: int = 1,
+    **more: Any,
+) -> JobOptions:
+    """A test job's options: a checkpoint per epoch (exactly-once), storage and working
+    state under ``<base>/<name>``, epochs of ``epoch_records`` per split, two restarts."""
+    return JobOptions(
+        job_id=job_id,
+        checkpoint=CheckpointConfig(
+            mode=CheckpointingMode.EXACTLY_ONCE, interval_ms=1, retained=retained
+        ),
+        checkpoint_dir=f"file://{base / name / 'chk'}",
+        local_dir=str(base / name / "local"),
+        parallelism=parallelism,
+        max_epoch_records=epoch_records,
+        min_epoch_records=epoch_records,
+        restart_strategy=dict(RESTART_TWICE),
+        **more,
+    )
+
+
 # Every state backend and snapshot kind the exactly-once suite runs with.
 BACKENDS = [
     pytest.param(("hashmap", False), id="hashmap"),

@@ -20,19 +20,17 @@ from typing import Any
 import pytest
 import redis
 
-from sparkpoint import protocol as p
-from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sinks import FileSink, TwoPhaseCommitSink
 from sparkpoint.connectors.sources import GeneratorSource, Source
 from sparkpoint.connectors.unprotected import AppendFileSink, RedisListSource
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.guarantees import end_to_end
-from sparkpoint.options import JobOptions
 from sparkpoint.protocol import JobStatus
 from sparkpoint.runtime.driver import JobDriver, JobResult
 from sparkpoint.testing import FailureInjection, line_counts
 
 from ..support.redis_server import REDIS_URL
+from .pv_harness import job_options
 
 pytestmark = pytest.mark.spark
 
@@ -50,20 +48,8 @@ def run_job(
     key: str,
     failure: FailureInjection | None = None,
 ) -> JobResult:
-    options = JobOptions(
-        job_id=f"table-{name}-{uuid.uuid4().hex[:6]}",
-        checkpoint=CheckpointConfig(mode=p.CheckpointingMode.EXACTLY_ONCE, interval_ms=1),
-        checkpoint_dir=f"file://{base / name / 'chk'}",
-        local_dir=str(base / name / "local"),
-        parallelism=2,
-        max_epoch_records=EPOCH_RECORDS,
-        min_epoch_records=EPOCH_RECORDS,
-        restart_strategy={
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.attempts": "2",
-            "restart-strategy.fixed-delay.delay": "0 ms",
-        },
-    )
+    job_id = f"table-{name}-{uuid.uuid4().hex[:6]}"
+    options = job_options(job_id, base, name, epoch_records=EPOCH_RECORDS)
     env = StreamExecutionEnvironment(options)
     env.from_source(source, uid="events").key_by(key).count(uid="pv", output="pv").sink_to(
         sink, uid="out"
