@@ -102,8 +102,12 @@ _CONFIG_TYPES: dict[str, type] = {
 def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
     """A registration's configuration whose known keys have the types they are read as (their
     values are checked by the control plane, which refuses a job it cannot run and says why),
-    and whose integers, anywhere in it, fit a ``BIGINT`` (the database stores it as JSON)."""
-    _check_integers(config, "config")
+    and whose other integers, anywhere in it, fit a ``BIGINT`` (the database stores it as
+    JSON): the checkpoint settings the control plane bounds itself keep its refusal, which
+    tells the job why, and everything else is refused here."""
+    for key, value in config.items():
+        if key not in _BOUNDED_BY_THE_CONTROL_PLANE:
+            _check_integers(value, f"config.{key}")
     for key, expected in _CONFIG_TYPES.items():
         value = config.get(key)
         if value is None:
@@ -115,6 +119,20 @@ def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
                 if not isinstance(setting, (str, int, float)):
                     raise ValueError(f"restart_strategy option {option!r} is not a scalar")
     return config
+
+
+# CheckpointConfig's settings: the control plane refuses a job whose value is out of bounds
+# with a message naming the setting and its bound, before it stores anything.
+_BOUNDED_BY_THE_CONTROL_PLANE = frozenset(
+    (
+        "interval_ms",
+        "timeout_ms",
+        "min_pause_ms",
+        "max_concurrent",
+        "tolerable_failures",
+        "retained",
+    )
+)
 
 
 def _check_integers(value: Any, where: str) -> None:

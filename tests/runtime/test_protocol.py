@@ -177,3 +177,13 @@ def test_a_registration_whose_configuration_holds_an_integer_past_64_bits_is_ref
     raw["payload"]["config"] = {"job_options": {"limits": [-(2**63), 2**63 - 1, True]}}
     _, registered = p.decode(json.dumps(raw).encode())
     assert isinstance(registered, p.JobRegistered)
+
+
+def test_checkpoint_settings_past_64_bits_are_left_to_the_control_plane_which_says_why() -> None:
+    """interval_ms, retained, ...: the control plane refuses them naming the bound (a refusal
+    the job hears), so decoding lets them through."""
+    raw = json.loads(_registration(1, 1))
+    raw["payload"]["config"] = {"interval_ms": 10**29, "retained": 2**70}
+    _, registered = p.decode(json.dumps(raw).encode())
+    assert isinstance(registered, p.JobRegistered)
+    assert registered.config["interval_ms"] == 10**29
