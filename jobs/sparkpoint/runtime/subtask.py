@@ -231,6 +231,8 @@ class SubtaskCheckpointer:
             return
         if f.upload is not None:
             async_ms = max(0.0, self.clock.monotonic_ms() - f.upload_started)
+        # Operator state is written with the checkpoint's metadata: it counts in both sizes.
+        inline = sum(len(s.data) for s in f.operator_state)
         raw_delay = f.first_barrier_wall - f.barrier.timestamp
         al = f.alignment
         self.report.acks.append(
@@ -245,8 +247,8 @@ class SubtaskCheckpointer:
                 alignment_buffered_bytes=al.buffered_bytes if al else 0,
                 sync_duration_ms=f.sync_ms,
                 async_duration_ms=async_ms,
-                state_size=f.target.full if f.target is not None else f.state_size,
-                checkpointed_size=f.target.uploaded if f.target is not None else 0,
+                state_size=(f.target.full if f.target is not None else f.state_size) + inline,
+                checkpointed_size=(f.target.uploaded if f.target is not None else 0) + inline,
                 handles=handles,
                 source_positions=f.source_positions,
                 sink_transactions=f.sinks,
