@@ -29,6 +29,13 @@ MIN_LONG = -(2**63)
 #: heartbeat interval): at most one year, in milliseconds.
 MAX_DURATION_MS = 365 * 86_400_000
 
+#: Upper bounds of the checkpoint settings: ``CheckpointConfig`` checks them, and the control
+#: plane refuses a registration beyond them naming the setting and its bound.
+CHECKPOINT_SETTING_BOUNDS = {
+    **dict.fromkeys(("interval_ms", "timeout_ms", "min_pause_ms"), MAX_DURATION_MS),
+    **dict.fromkeys(("max_concurrent", "tolerable_failures", "retained"), MAX_INT),
+}
+
 #: A job graph's size: its vertices (tasks), and its subtasks (the sum of their parallelism).
 #: Every checkpoint expects an acknowledgement of each subtask, and the control plane keeps
 #: them in memory and in one row each: a registration past these is refused.

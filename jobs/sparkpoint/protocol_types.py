@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sparkpoint.limits import (
+    CHECKPOINT_SETTING_BOUNDS,
     MAX_INT,
     MAX_JOB_ID_LENGTH,
     MAX_LONG,
@@ -106,7 +107,7 @@ def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
     JSON): the checkpoint settings the control plane bounds itself keep its refusal, which
     tells the job why, and everything else is refused here."""
     for key, value in config.items():
-        if key not in _BOUNDED_BY_THE_CONTROL_PLANE:
+        if key not in CHECKPOINT_SETTING_BOUNDS:  # refused by the control plane, with a reason
             _check_integers(value, f"config.{key}")
     for key, expected in _CONFIG_TYPES.items():
         value = config.get(key)
@@ -119,20 +120,6 @@ def check_registration_config(config: dict[str, Any]) -> dict[str, Any]:
                 if not isinstance(setting, (str, int, float)):
                     raise ValueError(f"restart_strategy option {option!r} is not a scalar")
     return config
-
-
-# CheckpointConfig's settings: the control plane refuses a job whose value is out of bounds
-# with a message naming the setting and its bound, before it stores anything.
-_BOUNDED_BY_THE_CONTROL_PLANE = frozenset(
-    (
-        "interval_ms",
-        "timeout_ms",
-        "min_pause_ms",
-        "max_concurrent",
-        "tolerable_failures",
-        "retained",
-    )
-)
 
 
 def _check_integers(value: Any, where: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.limits import MAX_DURATION_MS, MAX_INT
+from sparkpoint.limits import CHECKPOINT_SETTING_BOUNDS
 from sparkpoint.protocol import CheckpointingMode
 
 #: Fields that apply from the next trigger when changed on a running job.
@@ -16,10 +16,7 @@ RUNTIME_MUTABLE = frozenset(
 )
 
 #: Upper bounds (``sparkpoint.limits``): durations at most a year, counts a Java ``int``.
-_AT_MOST = {
-    **dict.fromkeys(("interval_ms", "timeout_ms", "min_pause_ms"), MAX_DURATION_MS),
-    **dict.fromkeys(("max_concurrent", "tolerable_failures", "retained"), MAX_INT),
-}
+_AT_MOST = CHECKPOINT_SETTING_BOUNDS
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class LocalEpochRunner:
 
     def run(self, plan: EpochPlan) -> list[TaskReport]:
         """Run one epoch; raises :class:`EpochFailedError` when any subtask raised."""
-        outputs: dict[str, list[list[Any]]] = {}
+        outputs: dict[str, list[list[_Shipped]]] = {}
         try:
             shipped = cloudpickle.dumps((self.graph, plan))  # as Spark ships a stage's closure
             for vertex in self.graph.all_vertices():  # topological: inputs first
@@ -61,12 +61,12 @@ class LocalEpochRunner:
         except Exception as err:
             raise EpochFailedError(plan.epoch, f"{type(err).__name__}: {err}") from err
         tails = [v.uid for v in self.graph.all_vertices() if self.graph.downstream(v.uid) is None]
-        return [pickle.loads(report) for uid in tails for out in outputs[uid] for report in out]
+        return [pickle.loads(data) for uid in tails for out in outputs[uid] for _, data in out]
 
     def _run_vertex(
-        self, shipped: bytes, vertex: Vertex, outputs: dict[str, list[list[bytes]]]
-    ) -> list[list[bytes]]:
-        """Each subtask's output (pickled elements), in subtask order."""
+        self, shipped: bytes, vertex: Vertex, outputs: dict[str, list[list[_Shipped]]]
+    ) -> list[list[_Shipped]]:
+        """Each subtask's output, in subtask order."""
         uid, n = vertex.uid, vertex.parallelism
         results = []
         if isinstance(vertex, SourceVertex):
@@ -74,11 +74,11 @@ class LocalEpochRunner:
                 graph, plan = cloudpickle.loads(shipped)  # each task its own copy
                 results.append(_pickled(run_source_task(graph, plan, i, self._info(i), vertex=uid)))
             return results
-        inputs: list[list[bytes]] = [[] for _ in range(n)]
+        inputs: list[list[_Shipped]] = [[] for _ in range(n)]
         for upstream in vertex.inputs:
             for out in outputs[upstream]:
-                for element in out:
-                    inputs[pickle.loads(element)[0]].append(element)
+                for target, data in out:
+                    inputs[target].append((target, data))
         for i in range(n):
             graph, plan = cloudpickle.loads(shipped)
             elements = _unpickled(inputs[i])
@@ -91,9 +91,17 @@ class LocalEpochRunner:
         return TaskInfo(partition=partition, task_attempt=next(self._task_attempts))
 
 
-def _pickled(elements: Iterable[Any]) -> list[bytes]:
-    return [pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL) for e in elements]
+# An element as it crosses the exchange: its target subtask (what Spark's partitioner reads;
+# None for the reports of the last stage) and the element pickled.
+_Shipped = tuple[Any, bytes]
 
 
-def _unpickled(elements: list[bytes]) -> Iterator[Any]:
-    return (pickle.loads(e) for e in elements)
+def _pickled(elements: Iterable[Any]) -> list[_Shipped]:
+    return [
+        (e[0] if isinstance(e, tuple) else None, pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
+        for e in elements
+    ]
+
+
+def _unpickled(elements: list[_Shipped]) -> Iterator[Any]:
+    return (pickle.loads(data) for _, data in elements)
