@@ -151,6 +151,22 @@ def test_each_route_renders_its_page(path: str) -> None:
     assert missing == set(), f"{path} lacks {sorted(missing)}"
 
 
+@pytest.mark.parametrize("path", sorted(PAGES))
+def test_every_cell_of_every_grid_shows_its_whole_text_on_hover(path: str) -> None:
+    grids = [c for c in walk(render_page(path)) if type(c).__name__ == "AgGrid"]
+    silent = [
+        (c.id, column.get("field"))
+        for c in grids
+        for column in c.columnDefs
+        if not {"tooltipField", "tooltipValueGetter"} & (c.defaultColDef.keys() | column.keys())
+    ]
+    assert silent == []
+    for c in grids:  # the default one is the cell's own text
+        assert c.defaultColDef["tooltipValueGetter"] == {
+            "function": "params.valueFormatted || params.value"
+        }
+
+
 def test_an_unknown_path_renders_a_page_that_says_so() -> None:
     found = component_ids(render_page("/nowhere"))
     assert ids.JOBS_GRID not in found and ids.CP_HISTORY_GRID not in found

@@ -57,6 +57,10 @@ def message(text: str | None, kind: str = "error") -> html.Div | None:
     return html.Div(text, className=f"notice notice-{kind}", role="status")
 
 
+# The text a cell shows: its formatted value where the column formats one.
+CELL_TEXT_TOOLTIP = {"function": "params.valueFormatted || params.value"}
+
+
 def grid(
     grid_id: str,
     columns: list[dict[str, Any]],
@@ -67,7 +71,10 @@ def grid(
     **props: Any,
 ) -> dag.AgGrid:
     """A sortable, resizable table whose rows keep their sort when the data refreshes
-    (rows are matched by ``row_id``)."""
+    (rows are matched by ``row_id``).
+
+    Hovering any cell shows its whole text (a cut one included); a column's own
+    ``tooltipField`` (say, a timestamp's milliseconds) takes precedence."""
     if sort is not None:
         columns = [{**c, "sort": sort[1]} if c.get("field") == sort[0] else c for c in columns]
     options: dict[str, Any] = {
@@ -86,7 +93,12 @@ def grid(
         id=grid_id,
         columnDefs=columns,
         rowData=[],
-        defaultColDef={"sortable": True, "resizable": True, "minWidth": 80},
+        defaultColDef={
+            "sortable": True,
+            "resizable": True,
+            "minWidth": 80,
+            "tooltipValueGetter": CELL_TEXT_TOOLTIP,
+        },
         columnSize="responsiveSizeToFit",
         getRowId=row_id,
         dashGridOptions=options,

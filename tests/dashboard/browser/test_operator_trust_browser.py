@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sparkpoint_dashboard import ids
-from sparkpoint_dashboard.routing import checkpoint_path, job_path, savepoints_path
+from sparkpoint_dashboard.routing import checkpoint_path, job_path, jobs_path, savepoints_path
 from sparkpoint_dashboard.units import DASH
 from sparkpoint_server.storage.models import Checkpoint
 from tests.e2e.control_plane import ServerProcess, wait_for
@@ -305,6 +305,25 @@ def test_the_savepoints_page_lists_where_how_large_whose_when_and_its_restores(
     tip = page.wait("the tooltip", lambda: page.texts(".ag-tooltip"))
     assert tip == [SAVEPOINT]
     page.screenshot("savepoints-page")
+    assert page.errors() == []
+
+
+def hover_shows(page: DashboardPage, grid_id: str, row_id: str, column: str, text: str) -> None:
+    """Rest the mouse on one cell of a grid; its tooltip must come and say ``text``."""
+    cell = page.driver.find_element(
+        By.CSS_SELECTOR, f"#{grid_id} .ag-row[row-id='{row_id}'] .ag-cell[col-id={column}]"
+    )
+    ActionChains(page.driver).move_to_element(cell).perform()
+    page.wait(f"the tooltip {text!r} on {column}", lambda: page.texts(".ag-tooltip") == [text])
+
+
+def test_every_grid_cell_shows_its_whole_text_on_hover(page: DashboardPage, history: None) -> None:
+    page.open(jobs_path(), ids.JOBS_GRID)
+    rows = page.wait("the jobs", lambda: page.grid_rows(ids.JOBS_GRID))
+    ended = next(r for r in rows if r["_links"].get("job") == job_path(ENDED))
+    # Columns without a tooltip of their own: a link, and a formatted value.
+    for column in ("job", "last_checkpoint", "uptime"):
+        hover_shows(page, ids.JOBS_GRID, ended["_row_id"], column, ended[column])
     assert page.errors() == []
 
 
