@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo docs test chaos bench bench-ss bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-redis-to-sql lint format clean
+.PHONY: demo docs test test-slow chaos bench bench-ss bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-redis-to-sql lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -14,8 +14,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# `make test`: the suite without the tests marked `slow` (a few minutes); `make test-slow`:
+# those (end-to-end, browser, chaos, cluster, fuzz, the Spark runs of the failure matrices).
+# CI runs both: together they are the whole suite.
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -m slow
 
 # The chaos suite for minutes (make test runs its bounded form: 60 s of faults).
 CHAOS_SECONDS ?= 300

@@ -26,6 +26,21 @@ if _JOBS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     )
 
 
+# Whole directories of `make test-slow`: processes, clusters and services started per test.
+SLOW_DIRECTORIES = ("e2e", "chaos", "cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` what ``make test`` leaves to ``make test-slow``: the slow directories
+    and every browser and chaos test (other modules mark themselves)."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        top = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        browser_or_chaos = item.get_closest_marker("browser") or item.get_closest_marker("chaos")
+        if top in SLOW_DIRECTORIES or browser_or_chaos:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local SparkSession with two cores, Spark's retries off (as the runtime requires)."""

@@ -14,7 +14,7 @@ locked for 10 s. When the faults stop the job must finish by itself, and then:
 - no process of the run is left behind.
 
 ``SPARKPOINT_CHAOS_SECONDS`` sets how long faults come (default 60, the bounded form that
-``make test`` runs; ``make chaos`` runs 300), ``SPARKPOINT_CHAOS_SEED`` the schedule,
+``make test-slow`` runs; ``make chaos`` runs 300), ``SPARKPOINT_CHAOS_SEED`` the schedule,
 ``SPARKPOINT_CHAOS_KINDS`` (comma-separated) which faults come. A report
 of every fault goes to ``SPARKPOINT_CHAOS_REPORT`` (default ``.sparkpoint/chaos/report.md``).
 """

@@ -33,7 +33,7 @@ from tests.server.conftest import PG_ADMIN_URL
 from tests.support.redis_server import REDIS_URL
 
 #: The control plane migrates a fresh database on the tests' PostgreSQL (DATABASE_TEST_URL).
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 #: The long-running services built from the image (Redis and PostgreSQL are the tests' own).
 ORDER = ("control-plane", "dashboard", "spark-master", "spark-worker")

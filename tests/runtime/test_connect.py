@@ -16,12 +16,12 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode, JobStatus
-from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection, ListSource, line_counts
 
 from .connect_job import build, oracle
 from .keyed_stages_job import restored_before_failure
-from .pv_harness import hidden_files
+from .pv_harness import drive, hidden_files
 
 ORDERS = 6_000  # 2,000 per split; profiles: 1,000 per split
 EPOCH_RECORDS = 500
@@ -62,7 +62,7 @@ def _run(
     env = StreamExecutionEnvironment(options)
     build(env, ORDERS, out)
     env.graph.name = "enrich-orders"
-    return JobDriver(env.graph, options, spark=spark, failure=failure).run(), out
+    return drive(env.graph, options, spark, failure), out
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +103,9 @@ def test_failure_free_connect_commits_what_the_oracle_computes(baseline: Counter
     ],
 )
 def test_connect_is_exactly_once_after_a_failure(
-    spark: Any, tmp_path: Path, baseline: Counter[str], failure: FailureInjection
+    engine: Any, tmp_path: Path, baseline: Counter[str], failure: FailureInjection
 ) -> None:
-    result, out = _run(spark, tmp_path, "failed", failure)
+    result, out = _run(engine, tmp_path, "failed", failure)
     assert result.status is JobStatus.FINISHED
     assert result.attempt == 2
     restored = restored_before_failure(result)

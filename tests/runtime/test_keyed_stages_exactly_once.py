@@ -74,9 +74,9 @@ def test_both_second_stage_subtasks_hold_a_region() -> None:
     ],
 )
 def test_exactly_once_through_two_keyed_stages_after_a_failure(
-    spark: Any, tmp_path: Path, baseline: Counter[str], failure: FailureInjection
+    engine: Any, tmp_path: Path, baseline: Counter[str], failure: FailureInjection
 ) -> None:
-    result, out = run_stages(spark, tmp_path, "failed", failure)
+    result, out = run_stages(engine, tmp_path, "failed", failure)
     assert result.status is JobStatus.FINISHED
     assert result.attempt == 2
     restored = restored_before_failure(result)

@@ -25,10 +25,10 @@ from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sql_sink import COMMITS_SUFFIX, STAGED_SUFFIX, dispose_engines
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
-from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.testing import FailureInjection
 
 from ..support.redis_server import REDIS_URL
+from .pv_harness import drive
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -72,7 +72,7 @@ def _run(spark: Any, base: Path, key: str, prefix: str, failure: FailureInjectio
     env = StreamExecutionEnvironment(
         JobOptions(
             job_id=f"{prefix}job",
-            checkpoint=CheckpointConfig(interval_ms=200),
+            checkpoint=CheckpointConfig(interval_ms=1),  # one per epoch: the failures land
             checkpoint_dir=f"file://{base / 'chk'}",
             checkpoint_storage="filesystem",
             local_dir=str(base / "local"),
@@ -90,7 +90,7 @@ def _run(spark: Any, base: Path, key: str, prefix: str, failure: FailureInjectio
     ]
     redis_to_sql.build(env, args)
     env.graph.name = "redis-to-sql"
-    return JobDriver(env.graph, env.options, spark=spark, failure=failure).run()
+    return drive(env.graph, env.options, spark, failure)
 
 
 def _tables(prefix: str) -> tuple[dict[str, int], dict[str, list[int]]]:
@@ -117,7 +117,6 @@ def _drop(prefix: str) -> None:
 
 
 FAILURES = {
-    "clean": None,
     "mid-epoch-second-stage": FailureInjection(
         "keyed", subtask=1, records=40, at_epoch=3, vertex="per-region"
     ),
@@ -128,14 +127,26 @@ FAILURES = {
 }
 
 
-@pytest.mark.parametrize("name", list(FAILURES))
-def test_redis_to_sql_commits_what_the_stream_implies(
-    spark: Any, tmp_path: Path, stream: str, name: str
+def test_redis_to_sql_on_spark_commits_what_the_stream_implies(
+    spark: Any, tmp_path: Path, stream: str
 ) -> None:
+    check(spark, tmp_path, stream, None)
+
+
+@pytest.mark.parametrize("name", list(FAILURES))
+def test_redis_to_sql_commits_what_the_stream_implies_after_a_failure(
+    engine: Any, tmp_path: Path, stream: str, name: str
+) -> None:
+    check(engine, tmp_path, stream, FAILURES[name])
+
+
+def check(spark: Any, tmp_path: Path, stream: str, failure: FailureInjection | None) -> None:
+    """Run the example on ``spark`` (or in process); its tables must be what the stream
+    implies: every user's total, and one running total per order of each region."""
     prefix = f"sp_r2s_{uuid.uuid4().hex[:8]}_"
     try:
-        result = _run(spark, tmp_path, stream, prefix, FAILURES[name])
-        assert len(result.restores) == (0 if FAILURES[name] is None else 1)
+        result = _run(spark, tmp_path, stream, prefix, failure)
+        assert len(result.restores) == (0 if failure is None else 1)
         users, regions = _oracle(stream)
         user_totals, region_rows = _tables(prefix)
         assert user_totals == users

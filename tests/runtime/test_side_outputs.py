@@ -21,12 +21,12 @@ from sparkpoint.functions import KeyedContext, KeyedProcessFunction, OutputTag
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode, JobStatus
-from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.runtime.driver import JobResult
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.testing import FailureInjection, ListSource, line_counts
 
 from .keyed_stages_job import events, region_of, restored_before_failure
-from .pv_harness import hidden_files
+from .pv_harness import drive, hidden_files
 
 EVENTS = 6_000
 EPOCH_RECORDS = 500
@@ -113,7 +113,7 @@ def _run(
     env = StreamExecutionEnvironment(options)
     build(env, events(EVENTS), out)
     env.graph.name = "side-outputs"
-    return JobDriver(env.graph, options, spark=spark, failure=failure).run(), out
+    return drive(env.graph, options, spark, failure), out
 
 
 def _outputs(out: str) -> dict[str, Counter[str]]:
@@ -154,9 +154,9 @@ def test_failure_free_side_outputs_equal_the_oracle(baseline: dict[str, Counter[
     ],
 )
 def test_side_outputs_are_exactly_once_after_a_failure(
-    spark: Any, tmp_path: Path, baseline: dict[str, Counter[str]], failure: FailureInjection
+    engine: Any, tmp_path: Path, baseline: dict[str, Counter[str]], failure: FailureInjection
 ) -> None:
-    result, out = _run(spark, tmp_path, "failed", failure)
+    result, out = _run(engine, tmp_path, "failed", failure)
     assert result.status is JobStatus.FINISHED
     assert result.attempt == 2
     restored = restored_before_failure(result)

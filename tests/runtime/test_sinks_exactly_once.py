@@ -79,9 +79,9 @@ def test_failure_free_run_commits_every_sink_as_the_oracle_says(
     ],
 )
 def test_every_sink_is_exactly_once_after_a_failure(
-    spark: Any, tmp_path: Path, baseline: dict[str, Counter[str]], failure: FailureInjection
+    engine: Any, tmp_path: Path, baseline: dict[str, Counter[str]], failure: FailureInjection
 ) -> None:
-    result, out = run_stages(spark, tmp_path, "failed", failure, more_sinks=True)
+    result, out = run_stages(engine, tmp_path, "failed", failure, more_sinks=True)
     assert result.status is JobStatus.FINISHED
     assert result.attempt == 2
     restored = restored_before_failure(result)

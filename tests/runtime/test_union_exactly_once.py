@@ -65,9 +65,9 @@ def test_failure_free_union_commits_what_the_oracle_computes(baseline: Counter[s
     ],
 )
 def test_exactly_once_for_a_union_after_a_failure(
-    spark: Any, tmp_path: Path, baseline: Counter[str], failure: FailureInjection
+    engine: Any, tmp_path: Path, baseline: Counter[str], failure: FailureInjection
 ) -> None:
-    result, out = run_stages(spark, tmp_path, "failed", failure, clicks=clicks(CLICKS))
+    result, out = run_stages(engine, tmp_path, "failed", failure, clicks=clicks(CLICKS))
     assert result.status is JobStatus.FINISHED
     assert result.attempt == 2
     restored = restored_before_failure(result)

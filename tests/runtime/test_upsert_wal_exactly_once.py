@@ -33,11 +33,11 @@ from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode, JobStatus
 from sparkpoint.runtime.authority import JobFailedError
-from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection
 
 from .connectors.test_wal_sink import FailingMidSend
-from .pv_harness import APPS, EPOCH_RECORDS, EVENTS, expected_every_lines, true_counts
+from .pv_harness import APPS, EPOCH_RECORDS, EVENTS, drive, expected_every_lines, true_counts
 
 pytestmark = pytest.mark.spark
 
@@ -84,7 +84,7 @@ def run_pv(
     )
     env.graph.name = "pv-count-sinks"
     try:
-        return JobDriver(env.graph, options, spark=spark, failure=failure).run()
+        return drive(env.graph, options, spark, failure)
     finally:
         dispose_engines()
 
@@ -123,7 +123,7 @@ def upserted(url: str, table: str) -> tuple[dict[str, int], set[int]]:
 
 
 def test_upsert_replays_overwrite_to_the_table_of_a_failure_free_run(
-    spark: Any, tmp_path: Path, database: tuple[str, str]
+    engine: Any, tmp_path: Path, database: tuple[str, str]
 ) -> None:
     url, table = database
     columns: dict[str, Any] = {"app_id": String(32), "pv": BigInteger}
@@ -131,7 +131,7 @@ def test_upsert_replays_overwrite_to_the_table_of_a_failure_free_run(
     def run(name: str, failure: FailureInjection | None) -> dict[str, int]:
         sink = UpsertSink(url, f"{table}_{name}", columns, key_columns=["app_id"])
         assert sink.delivery == "idempotent"
-        result = run_pv(spark, tmp_path, name, sink, failure)
+        result = run_pv(engine, tmp_path, name, sink, failure)
         assert result.status is JobStatus.FINISHED
         assert result.restores == ([] if failure is None else [result.restores[0]])
         if failure is not None:  # a checkpoint was restored, not the start
@@ -162,10 +162,10 @@ def wal_lines(sink: JsonLinesWriteAheadSink) -> list[str]:
     "failure", [None, MID_EPOCH, AFTER_PRE_COMMIT], ids=["clean", "mid-epoch", "pre-commit"]
 )
 def test_wal_output_equals_the_oracle_after_a_failure_before_a_commit(
-    spark: Any, tmp_path: Path, failure: FailureInjection | None
+    engine: Any, tmp_path: Path, failure: FailureInjection | None
 ) -> None:
     sink = JsonLinesWriteAheadSink(str(tmp_path / "out.jsonl"))
-    result = run_pv(spark, tmp_path, "wal", sink, failure)
+    result = run_pv(engine, tmp_path, "wal", sink, failure)
     assert result.status is JobStatus.FINISHED
     assert result.attempt == (1 if failure is None else 2)
     assert Counter(sink.lines()) == expected_every_lines()  # no loss, no duplicate

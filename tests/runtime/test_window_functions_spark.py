@@ -16,9 +16,10 @@ from sparkpoint.connectors.sinks import FileSink
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.graph import StreamExecutionEnvironment, WindowedStream
 from sparkpoint.options import JobOptions
-from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.testing import FailureInjection, committed_lines
 from sparkpoint.windows import SlidingEventTimeWindows, TumblingEventTimeWindows, WindowAssigner
+
+from .pv_harness import drive
 
 pytestmark = pytest.mark.spark
 EVENTS = 3_000  # event times 1 ms apart: 3 s of event time
@@ -122,7 +123,7 @@ def _run(
         stream = windowed.aggregate(count_and_sum, [0, 0], uid="window", output="v")
     stream.sink_to(FileSink(out), uid="sink")
     env.graph.name = f"window-{function}"
-    result = JobDriver(env.graph, env.options, spark=spark, failure=failure).run()
+    result = drive(env.graph, env.options, spark, failure)
     if failure is None:
         assert result.restores == []
     else:  # open windows come back from a checkpoint's state, not from a replay from scratch
@@ -133,11 +134,11 @@ def _run(
 @pytest.mark.parametrize("function", ["reduce", "aggregate"])
 @pytest.mark.parametrize("sliding", [False, True], ids=["tumbling", "sliding"])
 def test_window_functions_commit_the_oracle_with_and_without_a_failure(
-    spark: Any, tmp_path: Path, sliding: bool, function: str
+    engine: Any, tmp_path: Path, sliding: bool, function: str
 ) -> None:
     expected = _expected(sliding, function)
     windows = EVENTS // (SLIDE_MS if sliding else SIZE_MS) + (1 if sliding else 0)
     assert len(expected) == APPS * windows  # every app has records in every window
-    assert _run(spark, tmp_path / "clean", sliding, function, None) == expected
+    assert _run(engine, tmp_path / "clean", sliding, function, None) == expected
     failure = FailureInjection("keyed", subtask=1, records=100, at_epoch=2)
-    assert _run(spark, tmp_path / "failed", sliding, function, failure) == expected
+    assert _run(engine, tmp_path / "failed", sliding, function, failure) == expected

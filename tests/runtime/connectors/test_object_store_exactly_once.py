@@ -20,11 +20,11 @@ from sparkpoint.connectors.object_store import ObjectStoreFileSink
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode, JobStatus
-from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection
 
 from ...support.s3 import S3Bucket, s3, s3_endpoint  # noqa: F401 - fixtures
-from ..pv_harness import APPS, EPOCH_RECORDS, EVENTS, expected_every_lines
+from ..pv_harness import APPS, EPOCH_RECORDS, EVENTS, drive, expected_every_lines
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +64,7 @@ def run_pv_on_s3(
     env.graph.name = "pv-count"
     sink = env.graph.sink
     assert isinstance(sink, ObjectStoreFileSink)
-    result = JobDriver(env.graph, options, spark=spark, failure=failure).run()
+    result = drive(env.graph, options, spark, failure)
     return result, sink
 
 
@@ -99,7 +99,7 @@ def test_failure_free_run_on_s3_commits_exactly_the_source(
     ],
 )
 def test_exactly_once_on_s3_after_a_failure(
-    spark: Any,
+    engine: Any,
     s3: S3Bucket,  # noqa: F811
     tmp_path: Path,
     failure: FailureInjection,
@@ -107,7 +107,7 @@ def test_exactly_once_on_s3_after_a_failure(
     isolate_workers: bool,
 ) -> None:
     result, sink = run_pv_on_s3(
-        spark, s3, tmp_path, failure=failure, backend=backend, isolate_workers=isolate_workers
+        engine, s3, tmp_path, failure=failure, backend=backend, isolate_workers=isolate_workers
     )
     assert result.status is JobStatus.FINISHED
     assert result.attempt == 2 and len(result.restores) == 1

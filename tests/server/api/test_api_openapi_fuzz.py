@@ -38,6 +38,8 @@ from .conftest import build_app
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from service_harness import REDIS_URL, Harness
 
+pytestmark = pytest.mark.slow  # minutes of generated requests: make test-slow
+
 TOKEN = "fuzz-token-0123456789abcdef"
 EXAMPLES = 8  # per operation (fuzzing phase): the module takes ~4 min here with 8
 

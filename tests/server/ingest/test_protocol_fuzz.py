@@ -57,6 +57,8 @@ from fuzz_inputs import (
 )
 from service_harness import TASKS, VERTICES, Harness
 
+pytestmark = pytest.mark.slow  # generated hostile streams for half a minute: make test-slow
+
 # ----------------------------------------------------------------------------- one example
 
 
