@@ -9,7 +9,9 @@ restored at another parallelism, as Flink does:
 
 - ``get_list_state`` (even split): the lists of all subtasks are concatenated, in subtask
   order, and cut into as many contiguous pieces as there are subtasks now;
-- ``get_union_list_state`` (union): every subtask gets the whole concatenation.
+- ``get_union_list_state`` (union): every subtask gets the whole concatenation;
+- ``get_broadcast_state`` (broadcast, :mod:`sparkpoint.broadcast_state`): a map every subtask
+  holds a copy of; new subtask ``i`` gets the copy of old subtask ``i mod old parallelism``.
 
 At the same parallelism each subtask gets back its own list.
 
@@ -32,13 +34,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sparkpoint.broadcast_state import BroadcastState
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.state.descriptors import ListStateDescriptor
+from sparkpoint.state.descriptors import ListStateDescriptor, MapStateDescriptor
 
 #: Pickled bytes of one subtask's operator state that a checkpoint keeps in its metadata.
 MAX_OPERATOR_STATE_BYTES = 64 * 1024
 
-Mode = Literal["split", "union"]
+Mode = Literal["split", "union", "broadcast"]
 
 
 class OperatorListState:
@@ -66,44 +69,68 @@ class OperatorListState:
 
 
 class OperatorStateStore:
-    """The list states of one function in one subtask, by name."""
+    """The list states and broadcast states of one function in one subtask, by name."""
 
     def __init__(self, restored: dict[str, tuple[Mode, list[Any]]] | None = None) -> None:
         self._restored = restored or {}
-        self._states: dict[str, tuple[Mode, OperatorListState]] = {}
+        self._states: dict[str, tuple[Mode, OperatorListState | BroadcastState]] = {}
 
     def get_list_state(self, descriptor: ListStateDescriptor | str) -> OperatorListState:
         """A list state split evenly over the subtasks when the parallelism changes."""
-        return self._state(descriptor, "split")
+        return self._list(descriptor, "split")
 
     def get_union_list_state(self, descriptor: ListStateDescriptor | str) -> OperatorListState:
         """A list state of which every subtask gets all values when the parallelism changes."""
-        return self._state(descriptor, "union")
+        return self._list(descriptor, "union")
 
-    def _state(self, descriptor: ListStateDescriptor | str, mode: Mode) -> OperatorListState:
+    def get_broadcast_state(self, descriptor: MapStateDescriptor | str) -> BroadcastState:
+        """A map of which every subtask holds its own copy (Flink's ``getBroadcastState``);
+        kept as its ``(key, value)`` entries."""
+        state = self._state(descriptor, "broadcast")
+        assert isinstance(state, BroadcastState)
+        return state
+
+    def _list(self, descriptor: ListStateDescriptor | str, mode: Mode) -> OperatorListState:
+        state = self._state(descriptor, mode)
+        assert isinstance(state, OperatorListState)
+        return state
+
+    def _state(
+        self, descriptor: ListStateDescriptor | MapStateDescriptor | str, mode: Mode
+    ) -> OperatorListState | BroadcastState:
         name = descriptor if isinstance(descriptor, str) else descriptor.name
         if name in self._states:
-            known, state = self._states[name]
+            known, existing = self._states[name]
             if known != mode:
                 raise ConfigurationError(
-                    f"operator state {name!r} is a {known} list state, asked for as {mode}"
+                    f"operator state {name!r} is a {_kind(known)}, asked for as {_kind(mode)}"
                 )
-            return state
+            return existing
         restored_mode, values = self._restored.get(name, (mode, []))
         if restored_mode != mode:
             raise ConfigurationError(
-                f"operator state {name!r} was checkpointed as a {restored_mode} list state, "
-                f"asked for as {mode}"
+                f"operator state {name!r} was checkpointed as a {_kind(restored_mode)}, "
+                f"asked for as {_kind(mode)}"
             )
-        state = OperatorListState(values)
+        state: OperatorListState | BroadcastState
+        if mode == "broadcast":
+            state = BroadcastState(name, dict(values))
+        else:
+            state = OperatorListState(values)
         self._states[name] = (mode, state)
         return state
 
     def lists(self) -> dict[str, tuple[Mode, list[Any]]]:
-        """Every state asked for, and every restored one not asked for again (kept)."""
+        """Every state asked for, and every restored one not asked for again (kept); a
+        broadcast state as its entries."""
         out = dict(self._restored)
-        out.update({name: (mode, state.get()) for name, (mode, state) in self._states.items()})
+        for name, (mode, state) in self._states.items():
+            out[name] = (mode, state.items() if isinstance(state, BroadcastState) else state.get())
         return out
+
+
+def _kind(mode: Mode) -> str:
+    return "broadcast state" if mode == "broadcast" else f"{mode} list state"
 
 
 @dataclass(frozen=True)
@@ -150,6 +177,8 @@ def redistribute(
     if len(modes) > 1:
         raise ConfigurationError(f"one operator state checkpointed in modes {sorted(modes)}")
     mode: Mode = pieces[0][1] if pieces else "split"
+    if mode == "broadcast":  # every copy is whole: the one of subtask ``i mod old``
+        return mode, [v for sub, _, values in pieces if sub == subtask % old for v in values]
     if parallelism == old:
         return mode, [v for sub, _, values in pieces if sub == subtask for v in values]
     everything = [v for _, _, values in pieces for v in values]

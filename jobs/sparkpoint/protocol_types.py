@@ -198,13 +198,14 @@ class ExecutorModel(ProtocolModel):
 
 
 class OperatorStateModel(ProtocolModel):
-    """One list state of a checkpointed function in one subtask (``sparkpoint.operator_state``),
-    kept in the checkpoint's metadata: its values pickled, then base64 (at most 64 KiB pickled
-    per subtask, checked by the task; the message limit bounds it here)."""
+    """One list state (or broadcast state: its entries) of a checkpointed function in one
+    subtask (``sparkpoint.operator_state``), kept in the checkpoint's metadata: its values
+    pickled, then base64 (at most 64 KiB pickled per subtask, checked by the task; the message
+    limit bounds it here)."""
 
     function: Name  # the uid of the operator whose function holds it
     name: Name
-    mode: Literal["split", "union"]
+    mode: Literal["split", "union", "broadcast"]
     subtask: Index
     parallelism: Parallelism
     values: Size  # how many

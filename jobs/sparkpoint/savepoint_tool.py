@@ -106,7 +106,8 @@ class SavepointSummary:
     attempt: int | None
     completion_timestamp: int | None
     handles: list[HandleSummary]
-    # (vertex uid, subtask, function uid, state name, mode, values) of each operator list state
+    # (vertex uid, subtask, function uid, state name, mode, values or entries) of each operator
+    # list state and broadcast state
     operator_state: list[tuple[str, int, str, str, str, int]]
     stateless: list[tuple[str, int]]  # (operator uid, subtask) of acks without any state
 
@@ -336,10 +337,12 @@ def render_text(summary: SavepointSummary) -> str:
                 f"    [key group {e.key_group}] {e.state} {e.key} = {e.value}" for e in h.sample
             )
     for vertex, subtask, function, name, mode, values in summary.operator_state:
-        lines.append(
-            f"operator {vertex}, subtask {subtask}: operator state of {function}, "
-            f"list {name!r} ({mode}), {values} values"
+        what = (
+            f"broadcast state {name!r}, {values} entries"
+            if mode == "broadcast"
+            else f"list {name!r} ({mode}), {values} values"
         )
+        lines.append(f"operator {vertex}, subtask {subtask}: operator state of {function}, {what}")
     for operator_id, subtask in summary.stateless:
         lines.append(f"operator {operator_id}, subtask {subtask}: no state")
     return "\n".join(lines)
