@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparkpoint.broadcast import BroadcastProcessOperator, KeyedBroadcastProcessFunction
+from sparkpoint.broadcast_state import broadcast_descriptors
 from sparkpoint.connectors.sinks import TwoPhaseCommitSink
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError
@@ -38,10 +40,13 @@ from sparkpoint.functions import (
 )
 from sparkpoint.job_graph import JobGraph, KeyedVertex, SinkNode, SourceVertex, Vertex
 from sparkpoint.records import Batch
+from sparkpoint.state.descriptors import MapStateDescriptor
 from sparkpoint.watermarks import TimestampSelector
 from sparkpoint.windows import WindowAssigner, WindowOperator, count_one
 
 __all__ = [
+    "BroadcastConnectedStream",
+    "BroadcastStream",
     "ConnectedKeyedStreams",
     "ConnectedStreams",
     "DataStream",
@@ -199,9 +204,23 @@ class DataStream:
         _check_free(self._env.graph, vertices)
         return UnionStream(self._env, vertices)
 
+    def broadcast(self, *descriptors: MapStateDescriptor) -> BroadcastStream:
+        """This stream to every subtask of the keyed operator it is connected with (Flink's
+        ``broadcast``): ``keyed.connect(stream.broadcast(...))``. ``descriptors`` name the
+        broadcast state its elements fill (:mod:`sparkpoint.broadcast`)."""
+        where = f"the broadcast of {self._vertex.uid!r}"
+        _check_free(self._env.graph, [self._vertex])
+        return BroadcastStream(self._env, self._vertex, broadcast_descriptors(descriptors, where))
+
     def connect(self, other: DataStream) -> ConnectedStreams:
         """This stream and ``other`` as the two inputs of one co-process function (Flink's
         ``connect``); key both next, alike."""
+        if isinstance(other, BroadcastStream):
+            raise ConfigurationError(
+                f"{self._vertex.uid!r} connects the broadcast stream of {other._vertex.uid!r} "
+                "without a key: a non-keyed broadcast function is not supported in this "
+                "version; key the stream first: stream.key_by(...).connect(broadcast_stream)"
+            )
         if other._vertex is self._vertex:
             raise ConfigurationError("connect needs two distinct streams")
         _check_free(self._env.graph, [self._vertex, other._vertex])
@@ -289,6 +308,46 @@ class ConnectedKeyedStreams:
         return self._keyed._keyed(CoProcessOperator(uid, self._selectors, fn), parallelism)
 
 
+class BroadcastStream:
+    """A stream with the descriptors of its broadcast state; connect it with a keyed stream."""
+
+    def __init__(
+        self,
+        env: StreamExecutionEnvironment,
+        vertex: Vertex,
+        descriptors: tuple[MapStateDescriptor, ...],
+    ) -> None:
+        self._env = env
+        self._vertex = vertex
+        self.descriptors = descriptors
+
+
+class BroadcastConnectedStream:
+    """A keyed stream connected with a broadcast stream: a
+    :class:`~sparkpoint.broadcast.KeyedBroadcastProcessFunction` processes both."""
+
+    def __init__(self, keyed: KeyedStream, broadcast: BroadcastStream) -> None:
+        self._keyed = keyed
+        self._broadcast = broadcast
+
+    def process(
+        self, fn: KeyedBroadcastProcessFunction, uid: str, parallelism: int | None = None
+    ) -> DataStream:
+        """Run ``fn``: ``process_element`` per keyed record, ``process_broadcast_element``
+        per broadcast record in every subtask."""
+        k = self._keyed
+        wm = k._watermarks()
+        op = BroadcastProcessOperator(
+            uid,
+            k._selector,
+            fn,
+            self._broadcast.descriptors,
+            keyed_inputs=len(k._upstream),
+            timestamps=wm.timestamps if wm is not None else None,
+        )
+        return k._keyed(op, parallelism, broadcast=self._broadcast._vertex)
+
+
 class KeyedStream:
     """A stream partitioned by key; its keyed operator starts a new vertex."""
 
@@ -305,7 +364,9 @@ class KeyedStream:
         up = self._upstream
         return up[0].watermarks if len(up) == 1 and isinstance(up[0], SourceVertex) else None
 
-    def _keyed(self, op: KeyedOperator, parallelism: int | None) -> DataStream:
+    def _keyed(
+        self, op: KeyedOperator, parallelism: int | None, broadcast: Vertex | None = None
+    ) -> DataStream:
         self._env._claim(op.uid)
         opts = self._env.options
         p = parallelism or opts.parallelism
@@ -315,12 +376,34 @@ class KeyedStream:
                 f"{opts.max_parallelism}, got {p}"
             )
         graph = self._env.graph
-        _check_free(graph, self._upstream)
+        bcast = [broadcast] if broadcast is not None else []
+        _check_free(graph, [*self._upstream, *bcast])
         vertex = KeyedVertex(
-            op, p, opts.max_parallelism, inputs=tuple(v.uid for v in self._upstream)
+            op,
+            p,
+            opts.max_parallelism,
+            inputs=tuple(v.uid for v in [*self._upstream, *bcast]),
+            broadcast_inputs=tuple(v.uid for v in bcast),
         )
         graph.keyed_vertices.append(vertex)
         return DataStream(self._env, vertex)
+
+    def connect(self, broadcast: BroadcastStream) -> BroadcastConnectedStream:
+        """This keyed stream with ``broadcast`` (``stream.broadcast(descriptors)``) as the
+        inputs of one :class:`~sparkpoint.broadcast.KeyedBroadcastProcessFunction`."""
+        if not isinstance(broadcast, BroadcastStream):
+            raise ConfigurationError(
+                "a keyed stream connects a broadcast stream (other.broadcast(descriptor)); to "
+                "connect two keyed streams, use a.connect(b).key_by(key1, key2)"
+            )
+        if broadcast._env is not self._env:
+            raise ConfigurationError("connect needs streams of the same environment")
+        if any(v is broadcast._vertex for v in self._upstream):
+            raise ConfigurationError(
+                f"the stream of {broadcast._vertex.uid!r} is both keyed and broadcast into one "
+                "operator; connect two distinct streams"
+            )
+        return BroadcastConnectedStream(self, broadcast)
 
     def count(
         self, uid: str, output: str = "count", emit: str = "every", parallelism: int | None = None

@@ -39,13 +39,15 @@ class SourceVertex:
 @dataclass
 class KeyedVertex:
     """A keyed operator behind a hash exchange by key group from the vertices ``inputs`` (more
-    than one: a ``union``), and the stateless operators chained after it."""
+    than one: a ``union``, or a ``connect``), and the stateless operators chained after it.
+    Inputs in ``broadcast_inputs`` are not keyed: every record goes to every subtask."""
 
     operator: KeyedOperator
     parallelism: int
     max_parallelism: int
     chain: list[StatelessOperator] = field(default_factory=list)
     inputs: tuple[str, ...] = ()  # uids of the vertices whose output is keyed into this one
+    broadcast_inputs: tuple[str, ...] = ()  # those of ``inputs`` broadcast to every subtask
 
     @property
     def uid(self) -> str:
@@ -217,7 +219,8 @@ def checkpointed_functions(vertex: Vertex) -> dict[str, CheckpointedFunction]:
         ops.insert(0, vertex.operator)
     found = {}
     for op in ops:
-        fn = getattr(op, "fn", None)
+        # A keyed broadcast operator is the checkpointed function of its broadcast state.
+        fn = op if isinstance(op, CheckpointedFunction) else getattr(op, "fn", None)
         if isinstance(fn, CheckpointedFunction):
             found[op.uid] = fn  # type: ignore[attr-defined]
     return found

@@ -1,7 +1,8 @@
 """The code that runs inside Spark tasks: source subtasks and keyed subtasks (no pyspark here).
 
 Elements that cross a key-group exchange are ``(target subtask, (channel, payload))`` with
-``channel`` the sending subtask and ``payload`` a :class:`~sparkpoint.records.Batch`, a
+``channel`` the sending subtask and ``payload`` a :class:`~sparkpoint.records.Batch` (routed by
+key group, or to every target from a broadcast input), a
 :class:`~sparkpoint.checkpointing.barriers.CheckpointBarrier` or a
 :class:`~sparkpoint.watermarks.Watermark` (both broadcast to every target, behind every record
 the sender wrote before them) or a :class:`TaskReport` of an upstream subtask, forwarded to the
@@ -109,6 +110,8 @@ class _Outputs:
         # This subtask's channel at the next stage (after the channels of earlier inputs).
         self.channel = subtask + (graph.channel_offset(self.down, uid) if self.down else 0)
         self.input_index = self.down.inputs.index(uid) if self.down else 0
+        # A broadcast input: every record to every subtask, not by key group.
+        self.broadcasting = self.down is not None and uid in self.down.broadcast_inputs
         self.report = report
         tags = {n.uid: n.tag for n in graph.sinks_of(uid)}
         self.sinks = [w for sink_uid, w in sinks.items() if tags[sink_uid] is None]
@@ -122,6 +125,9 @@ class _Outputs:
         for sink in self.sinks:
             sink.write(batch)
         if self.down is not None and len(batch):
+            if self.broadcasting:
+                yield from self.broadcast(batch)
+                return
             for target, part in _route(batch, self.down, self.targets, self.input_index):
                 yield target, (self.channel, part)
 
@@ -132,7 +138,8 @@ class _Outputs:
                 sink.write(batch)
 
     def broadcast(self, payload: Any) -> Iterator[Any]:
-        """A barrier or watermark to every subtask of the next stage."""
+        """A barrier, a watermark or a broadcast input's records to every subtask of the next
+        stage."""
         for target in range(self.targets):
             yield target, (self.channel, payload)
 

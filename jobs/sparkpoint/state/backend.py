@@ -296,6 +296,12 @@ class KeyedStateBackend(abc.ABC):
         self._current_key = key
         self._current_key_group = key_group
 
+    def clear_current_key(self) -> None:
+        """No current key: keyed state accessed now raises :class:`NoCurrentKeyError` (a
+        broadcast element is processed for no key)."""
+        self._current_key = NO_KEY
+        self._current_key_group = -1
+
     @property
     def current_key(self) -> Any:
         """The current key; raises :class:`NoCurrentKeyError` when none was set."""
