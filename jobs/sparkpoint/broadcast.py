@@ -15,7 +15,9 @@ calls ``process_broadcast_element`` for each broadcast record, which may change 
 state (:mod:`sparkpoint.broadcast_state`: a map per descriptor, one copy per subtask) and visit
 the keyed state of every key of the subtask with ``ctx.apply_to_keyed_state``; and
 ``process_element`` for each keyed record, with that record's keyed state and timers and the
-broadcast state read-only.
+broadcast state read-only. Event-time timers fire when the keyed input is one source with
+timestamps and watermarks and the broadcast source has watermarks too (the vertex's watermark
+is the minimum over the channels of both inputs, as in Flink).
 
 Where Sparkpoint differs from Flink: records go out as the functions yield them, so the
 function given to ``apply_to_keyed_state`` returns the records it emits (or None) and

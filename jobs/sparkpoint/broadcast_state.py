@@ -7,7 +7,8 @@ order, so every copy stays the same; ``process_element`` sees it read-only (a wr
 make the copies differ, and a restore at another parallelism keeps only some of them). It is
 operator state of redistribution mode ``"broadcast"`` (:mod:`sparkpoint.operator_state`): each
 subtask snapshots its own copy, and on a restore at another parallelism new subtask ``i`` gets
-the copy of old subtask ``i mod old parallelism``, as Flink does.
+the copy of old subtask ``i mod old parallelism``, as Flink does. Entries are pickled, as all
+operator state is: a descriptor's ``serializer`` is not used here.
 """
 
 from __future__ import annotations

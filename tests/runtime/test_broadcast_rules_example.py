@@ -18,8 +18,10 @@ from examples import broadcast_rules
 from sparkpoint import (
     FileSink,
     KeyedBroadcastContext,
+    KeyedBroadcastProcessFunction,
     KeyedReadOnlyContext,
     StreamExecutionEnvironment,
+    ValueStateDescriptor,
 )
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.options import JobOptions
@@ -246,3 +248,60 @@ def test_on_spark_the_example_is_exactly_once_after_a_failure_during_alignment(
     assert result.restores == [2]
     assert committed(out) == oracle()
     assert hidden_files(out) == []
+
+
+def _stamp(record: Any) -> int:
+    return int(record[0]) * 10
+
+
+class RemindPerCategory(KeyedBroadcastProcessFunction):
+    """Per user: a timer 100 ms of event time after each event; when it fires, the user's
+    event count so far with the broadcast rate of category 0."""
+
+    def open(self, ctx: KeyedReadOnlyContext) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", 0))
+
+    def process_element(self, value: Any, ctx: KeyedReadOnlyContext) -> Any:
+        self.count.update(self.count.value() + 1)
+        assert ctx.timestamp is not None
+        ctx.timer_service().register_event_time_timer(ctx.timestamp + 100)
+        return ()
+
+    def process_broadcast_element(self, value: Any, ctx: KeyedBroadcastContext) -> Any:
+        ctx.get_broadcast_state(broadcast_rules.RULES).put(*value)
+        return ()
+
+    def on_timer(self, timestamp: int, ctx: KeyedReadOnlyContext) -> Any:
+        rate = ctx.get_broadcast_state(broadcast_rules.RULES).get(0)
+        yield (ctx.current_key, timestamp, self.count.value(), rate)
+
+
+def test_event_time_timers_fire_when_both_inputs_carry_watermarks(tmp_path: Path) -> None:
+    """The keyed vertex's watermark is the minimum over the channels of both inputs (as in
+    Flink, a broadcast input without watermarks would hold it back); the keyed input's
+    records carry their timestamps."""
+    options = JobOptions(job_id="timers", local_dir=str(tmp_path / "local"))
+    env = StreamExecutionEnvironment(options)
+    events = env.from_source(ListSource(broadcast_rules.events(40, 4, 2)), uid="events")
+    rules = env.from_source(ListSource(broadcast_rules.rules(2)), uid="rules")
+    (
+        events.assign_timestamps_and_watermarks(_stamp, 0, uid="event-time")
+        .key_by(broadcast_rules.user_of)
+        .connect(
+            rules.assign_timestamps_and_watermarks(lambda r: 0, 0, uid="rule-time").broadcast(
+                broadcast_rules.RULES
+            )
+        )
+        .process(RemindPerCategory(), uid=VERTEX)
+        .sink_to(FileSink(str(tmp_path / "out")), uid="sink")
+    )
+    assert env.execute("timers", in_process=True).status is JobStatus.FINISHED
+    got = committed(str(tmp_path / "out"))
+    users = [e[1] for e in broadcast_rules.events(40, 4, 2)]
+    assert sorted(set(users)) == [0, 1, 2, 3]
+    # One timer per distinct timestamp + 100 per user; the count is the user's events up to
+    # the watermark that fired it (all of them: the bounded splits end event time at once).
+    assert {(u, t) for u, t, _, _ in got} == {
+        (e[1], _stamp(e) + 100) for e in broadcast_rules.events(40, 4, 2)
+    }
+    assert all(rate == 0.5 for *_, rate in got)
