@@ -87,6 +87,12 @@ def test_every_subtask_holds_every_rule_and_events_wait_in_keyed_state(
         (VERTEX, 0, VERTEX, "rules", "broadcast", 300),
         (VERTEX, 1, VERTEX, "rules", "broadcast", 300),
     ]
+    # The copies count in the subtasks' sizes, beside the keyed state's handle.
+    meta = json.loads((checkpoints[1] / "_metadata").read_text())
+    for ack in (a for a in meta["acks"] if a["operator_id"] == VERTEX):
+        inline = sum(len(s["data"]) for s in ack["operator_state"])
+        assert inline > 0
+        assert ack["checkpointed_size"] == sum(h["size"] for h in ack["handles"]) + inline
     text = render_text(summary)
     assert (
         "operator apply-rules, subtask 1: operator state of apply-rules, "

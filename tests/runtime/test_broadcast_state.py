@@ -15,6 +15,7 @@ from sparkpoint import (
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
+    OutputTag,
     ReadOnlyBroadcastStateError,
     StreamExecutionEnvironment,
     ValueStateDescriptor,
@@ -173,3 +174,25 @@ def test_apply_to_keyed_state_visits_every_key_with_that_state_in_key_order(
     op.process_input(0, Batch.of_rows([(0, 7, 0, 1), (1, 3, 0, 1), (2, 7, 0, 1)]), backend)
     out = op.process_input(1, Batch.of_rows(["x", "y"]), backend)
     assert out.rows == [("x", 3, 10), ("x", 7, 20), ("y", 3, 100), ("y", 7, 200)]
+
+
+def test_both_contexts_emit_side_outputs_beside_the_records(tmp_path: Path) -> None:
+    tag = OutputTag("audit")
+
+    class Audit(KeyedBroadcastProcessFunction):
+        def process_element(self, value: Any, ctx: Any) -> Any:
+            ctx.output(tag, ("event", value[0]))
+            return [value[0]]
+
+        def process_broadcast_element(self, value: Any, ctx: Any) -> Any:
+            ctx.output(tag, ("rule", value[0]))
+            ctx.get_broadcast_state(RULES).put(*value)
+            return None  # nothing to emit
+
+    op, backend = _opened(Audit(), tmp_path)
+    assert op.process_input(1, Batch.of_rows([(3, 0.5)]), backend).rows == []
+    assert op.process_input(0, Batch.of_rows([(9, 1, 3, 5)]), backend).rows == [9]
+    assert {k: b.rows for k, b in op.take_side_outputs().items()} == {
+        "audit": [("rule", 3), ("event", 9)]
+    }
+    assert op.take_side_outputs() == {}
