@@ -85,7 +85,8 @@ class KeyedReadOnlyContext(KeyedContext):
 class KeyedBroadcastContext:
     """What ``process_broadcast_element`` sees (Flink's ``Context``): the broadcast state,
     writable, and the keyed state of every key through :meth:`apply_to_keyed_state`; there is
-    no current key (keyed state accessed directly raises ``NoCurrentKeyError``)."""
+    no current key (keyed state accessed directly raises ``NoCurrentKeyError``). ``timestamp``
+    is None: a broadcast record's event time is not taken."""
 
     def __init__(self, keyed: KeyedReadOnlyContext, backend: KeyedStateBackend, uid: str) -> None:
         self._keyed = keyed
@@ -96,6 +97,11 @@ class KeyedBroadcastContext:
     def output(self, tag: OutputTag, value: Any) -> None:
         """Emit ``value`` to side output ``tag`` (beside the records the function yields)."""
         self._keyed.output(tag, value)
+
+    @property
+    def current_watermark(self) -> int:
+        """The subtask's event-time watermark (Flink's ``Context.currentWatermark``)."""
+        return self._backend.current_watermark
 
     def get_broadcast_state(self, descriptor: MapStateDescriptor | str) -> BroadcastState:
         """The broadcast state ``descriptor`` names, writable."""

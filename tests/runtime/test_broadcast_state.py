@@ -32,6 +32,7 @@ from sparkpoint.state.backend import KeyedStateBackend
 from sparkpoint.state.backends import create_backend
 from sparkpoint.state.key_groups import KeyGroupRange
 from sparkpoint.testing import ListSource
+from sparkpoint.watermarks import MIN_WATERMARK
 
 
 # ----------------------------------------------------------------------------- the state
@@ -185,7 +186,7 @@ def test_both_contexts_emit_side_outputs_beside_the_records(tmp_path: Path) -> N
             return [value[0]]
 
         def process_broadcast_element(self, value: Any, ctx: Any) -> Any:
-            ctx.output(tag, ("rule", value[0]))
+            ctx.output(tag, ("rule", value[0], ctx.timestamp, ctx.current_watermark))
             ctx.get_broadcast_state(RULES).put(*value)
             return None  # nothing to emit
 
@@ -193,6 +194,6 @@ def test_both_contexts_emit_side_outputs_beside_the_records(tmp_path: Path) -> N
     assert op.process_input(1, Batch.of_rows([(3, 0.5)]), backend).rows == []
     assert op.process_input(0, Batch.of_rows([(9, 1, 3, 5)]), backend).rows == [9]
     assert {k: b.rows for k, b in op.take_side_outputs().items()} == {
-        "audit": [("rule", 3), ("event", 9)]
+        "audit": [("rule", 3, None, MIN_WATERMARK), ("event", 9)]
     }
     assert op.take_side_outputs() == {}
