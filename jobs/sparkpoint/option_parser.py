@@ -204,6 +204,15 @@ def product_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="any other restart-strategy.* key, repeatable",
     )
+    restart.add_argument(
+        "--failover-strategy",
+        choices=["region", "full"],
+        default="region",
+        help=_flink(
+            "jobmanager.execution.failover-strategy",
+            "region: a failure restarts only its independent pipeline (default)",
+        ),
+    )
 
     spark = p.add_argument_group("execution on Spark (epochs)")
     spark.add_argument(

@@ -60,6 +60,7 @@ class JobOptions:
     events_log: str | None = None
     max_events_in_memory: int | None = 1_000_000  # the driver's own event history
     restart_strategy: dict[str, str] = field(default_factory=dict)
+    failover_strategy: str = "region"  # Flink's jobmanager.execution.failover-strategy
     # Connected mode (not --standalone): the control plane's Redis and streams.
     redis_url: str | None = None
     stream_prefix: str = "sparkpoint"
@@ -196,6 +197,7 @@ def parse_job_options(
         max_epoch_records=ns.max_epoch_records,
         events_log=ns.events_log,
         restart_strategy=restart,
+        failover_strategy=ns.failover_strategy,
         redis_url=redis_url,
         stream_prefix=ns.stream_prefix,
         control_plane_timeout_ms=_seconds_to_ms(

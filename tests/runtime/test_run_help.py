@@ -37,6 +37,7 @@ def test_options_name_their_flink_keys() -> None:
         "state.backend.type",
         "execution.checkpointing.incremental",
         "restart-strategy.type",
+        "jobmanager.execution.failover-strategy",
         "execution.savepoint.path",
         "state.checkpoints.num-retained",
     ):
