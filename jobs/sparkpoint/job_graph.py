@@ -57,6 +57,15 @@ class KeyedVertex:
 Vertex = SourceVertex | KeyedVertex
 
 
+@dataclass(frozen=True)
+class Region:
+    """A failover region (Flink's pipelined region): a connected component of the job graph,
+    its vertices in topological order. Its name is its sources' uids, stable across runs."""
+
+    name: str
+    vertices: tuple[str, ...]
+
+
 @dataclass
 class SinkNode:
     """A sink chained into the end of vertex ``vertex`` (its records after the chain), or
@@ -210,6 +219,27 @@ class JobGraph:
 
     def edges(self) -> list[tuple[str, str]]:
         return [(i, k.uid) for k in self.keyed_vertices for i in k.inputs]
+
+    def regions(self) -> list[Region]:
+        """The failover regions: vertices linked by edges (with the sinks chained into them)
+        are one region; a job of independent pipelines has one region per pipeline."""
+        root = {v.uid: v.uid for v in self.all_vertices()}
+
+        def find(uid: str) -> str:
+            while root[uid] != uid:
+                uid = root[uid]
+            return uid
+
+        for a, b in self.edges():
+            root[find(a)] = find(b)
+        groups: dict[str, list[str]] = {}
+        for v in self.all_vertices():  # topological order within each region
+            groups.setdefault(find(v.uid), []).append(v.uid)
+        sources = {s.uid for s in self.sources}
+        return [
+            Region("+".join(u for u in uids if u in sources), tuple(uids))
+            for uids in groups.values()
+        ]
 
 
 def checkpointed_functions(vertex: Vertex) -> dict[str, CheckpointedFunction]:

@@ -219,14 +219,19 @@ class ObjectStoreFileSink(FileSink):
         return len(transaction.parts)
 
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         """Delete the part objects job ``job_id`` wrote for sink ``uid`` that no manifest
         lists (in an attempt before ``before_attempt`` when given), but those in ``keep``."""
         mine = [
             part
             for part in self._part_names()
-            if written_by(job_id, uid, part.removesuffix(_PART_SUFFIX), before_attempt)
+            if written_by(job_id, uid, part.removesuffix(_PART_SUFFIX), before_attempt, in_epoch)
             and part not in keep
         ]
         if not mine:

@@ -87,12 +87,20 @@ def transaction_id(ctx: WriterContext, seq: int) -> str:
     return f"{ctx.uid}-{ctx.subtask}-{tag}-a{ctx.attempt}-e{ctx.epoch}-{seq}"
 
 
-def written_by(job_id: str, uid: str, part: str, before_attempt: int | None = None) -> bool:
+def written_by(
+    job_id: str,
+    uid: str,
+    part: str,
+    before_attempt: int | None = None,
+    in_epoch: int | None = None,
+) -> bool:
     """Whether job ``job_id`` wrote ``part`` (``<transaction id>.e<epoch>-t<task attempt>``,
     a file part's name without its ``.`` and ``.inprogress``) for sink ``uid`` — in an attempt
-    before ``before_attempt`` when given."""
+    before ``before_attempt`` and in epoch ``in_epoch`` when given."""
     match = _part_pattern(job_id, uid).fullmatch(part)
     if match is None:
+        return False
+    if in_epoch is not None and int(match["epoch"]) != in_epoch:
         return False
     return before_attempt is None or int(match["attempt"]) < before_attempt
 
@@ -100,7 +108,8 @@ def written_by(job_id: str, uid: str, part: str, before_attempt: int | None = No
 @functools.lru_cache(maxsize=64)
 def _part_pattern(job_id: str, uid: str) -> re.Pattern[str]:
     attempt = r"-a(?P<attempt>\d+)"
-    return re.compile(rf"{re.escape(uid)}-\d+-{job_tag(job_id)}{attempt}-e\d+-\d+\.e\d+-t\d+")
+    part = r"\.e(?P<epoch>\d+)-t\d+"  # the epoch that wrote the part
+    return re.compile(rf"{re.escape(uid)}-\d+-{job_tag(job_id)}{attempt}-e\d+-\d+{part}")
 
 
 class SinkWriter(abc.ABC):
@@ -137,11 +146,16 @@ class TwoPhaseCommitSink(abc.ABC):
 
     @abc.abstractmethod
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         """Delete every uncommitted part that job ``job_id`` wrote for sink ``uid`` (in an
-        attempt before ``before_attempt`` when given), but those in ``keep``; another job's
-        parts stay (see the module docstring). Returns how many."""
+        attempt before ``before_attempt``, and in epoch ``in_epoch``, when given), but those in
+        ``keep``; another job's parts stay (see the module docstring). Returns how many."""
 
 
 def _json_text(value: Any) -> str:
@@ -292,13 +306,18 @@ class FileSink(TwoPhaseCommitSink):
         return committed
 
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         removed = 0
         for name in os.listdir(self.directory):
             hidden = name.startswith(".") and name.endswith(".inprogress")
             core = name[1:].removesuffix(".inprogress")
-            mine = written_by(job_id, uid, core, before_attempt)
+            mine = written_by(job_id, uid, core, before_attempt, in_epoch)
             if hidden and mine and name not in keep:
                 os.remove(os.path.join(self.directory, name))
                 removed += 1

@@ -277,7 +277,12 @@ class SqlSink(TwoPhaseCommitSink):
             )
 
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         """Delete the staged rows that job ``job_id`` wrote for sink ``uid`` (in an attempt
         before ``before_attempt`` when given) whose part is not in ``keep``; another job's rows
@@ -288,7 +293,7 @@ class SqlSink(TwoPhaseCommitSink):
         with self._transaction(what) as conn:
             found = conn.execute(sa.select(staged.c._sp_part).where(mine).distinct()).scalars()
             drop = sorted(
-                p for p in set(found) - keep if written_by(job_id, uid, p, before_attempt)
+                p for p in set(found) - keep if written_by(job_id, uid, p, before_attempt, in_epoch)
             )
             for i in range(0, len(drop), _IN_CHUNK):
                 chunk = staged.c._sp_part.in_(drop[i : i + _IN_CHUNK])

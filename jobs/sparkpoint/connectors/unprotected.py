@@ -148,7 +148,12 @@ class AppendFileSink(TwoPhaseCommitSink):
         return 0  # written already
 
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         return 0  # nothing to take back: that is this sink's weakness
 

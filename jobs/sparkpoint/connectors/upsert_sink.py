@@ -237,7 +237,12 @@ class UpsertSink(TwoPhaseCommitSink):
         return 0
 
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         """Nothing to abort: a replay overwrites what the aborted records wrote."""
         return 0

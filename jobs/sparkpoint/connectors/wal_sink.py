@@ -144,7 +144,12 @@ class WriteAheadSink(TwoPhaseCommitSink):
         os.replace(tmp, os.path.join(directory, subtask))
 
     def abort_uncommitted(
-        self, job_id: str, uid: str, keep: set[str], before_attempt: int | None = None
+        self,
+        job_id: str,
+        uid: str,
+        keep: set[str],
+        before_attempt: int | None = None,
+        in_epoch: int | None = None,
     ) -> int:
         """Delete the log parts that job ``job_id`` wrote for sink ``uid`` (in an attempt
         before ``before_attempt`` when given) but those in ``keep``; another job's stay."""
@@ -152,7 +157,7 @@ class WriteAheadSink(TwoPhaseCommitSink):
         for name in os.listdir(self.wal_directory):
             if not (name.startswith(".") and name.endswith(WAL_SUFFIX)) or name in keep:
                 continue
-            if written_by(job_id, uid, name[1:].removesuffix(WAL_SUFFIX), before_attempt):
+            if written_by(job_id, uid, name[1:].removesuffix(WAL_SUFFIX), before_attempt, in_epoch):
                 os.remove(self.part_path(name))
                 removed += 1
         return removed
