@@ -277,6 +277,8 @@ class TaskFailed(_Model):
     cause: Text
     operator_id: Name | None = None
     subtask: Index | None = None
+    region: Name | None = None  # the failover region restarted; None: the whole job
+    region_vertices: list[Name] | None = None  # its vertices
 
 
 class JobRestored(_Model):

@@ -339,8 +339,11 @@ def job_failed(
     epoch: int | None = None,
     operator_id: str | None = None,
     subtask: int | None = None,
+    region: str | None = None,
 ) -> None:
     """A failure of the running attempt: record it, ask the restart strategy, act.
+    ``region``: the failover region that the job restarts alone (its name and vertices),
+    which the recorded decision names; None: the whole job.
 
     Steps: (1) record the failure once (``dedupe``), (2) the restart strategy decides,
     (3a) restart: RESTARTING, the restart is due after the delay (a timer, in the database),
@@ -351,8 +354,9 @@ def job_failed(
         return
     # Step 2
     decision = rt.restart.on_failure(batch.now)
+    scope = f"restart region {region}" if region is not None else "restart"
     action = (
-        f"restart in {decision.delay_ms} ms ({decision.message})"
+        f"{scope} in {decision.delay_ms} ms ({decision.message})"
         if decision.restart
         else f"no restart: {decision.message}"
     )

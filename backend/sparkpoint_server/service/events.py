@@ -312,6 +312,11 @@ class EventApplier:
             epoch=ev.epoch,
             operator_id=ev.operator_id,
             subtask=ev.subtask,
+            region=(
+                f"{ev.region} ({', '.join(ev.region_vertices or ())})"
+                if ev.region is not None
+                else None
+            ),
         )
 
     def _restored(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.JobRestored) -> None:

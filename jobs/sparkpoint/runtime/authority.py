@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import time
-from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
@@ -31,10 +30,10 @@ from sparkpoint.checkpointing.restart import RestartStrategy
 from sparkpoint.checkpointing.savepoints import write_savepoint
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import CorruptSnapshotError, InjectedFailure, SparkpointError
-from sparkpoint.guarantees import Guarantee, end_to_end
-from sparkpoint.options import JobOptions
+from sparkpoint.job_graph import Region
 from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.failover import failover_region
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     check_restore_point,
@@ -44,6 +43,7 @@ from sparkpoint.runtime.recovery import (
     storage_for_checkpoint_path,
     verify_restore_point,
 )
+from sparkpoint.runtime.registration import job_guarantee, registration
 from sparkpoint.runtime.spark import EpochFailedError
 
 log = logging.getLogger(__name__)
@@ -100,54 +100,6 @@ class Authority(abc.ABC):
         deadline = time.monotonic() + delay_ms / 1000
         while not self._cancel_requested and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
-
-
-def config_summary(options: JobOptions, restart: RestartStrategy) -> dict[str, Any]:
-    """The configuration a job registers with (``job_registered``)."""
-    c = options.checkpoint
-    return {
-        "mode": c.mode.value,
-        "interval_ms": c.interval_ms,
-        "timeout_ms": c.timeout_ms,
-        "min_pause_ms": c.min_pause_ms,
-        "max_concurrent": c.max_concurrent,
-        "tolerable_failures": c.tolerable_failures,
-        "retained": c.retained,
-        "checkpoint_storage": options.checkpoint_storage,
-        "checkpoint_dir": options.checkpoint_dir,
-        "state_backend": options.state_backend,
-        "incremental": options.incremental,
-        "max_parallelism": options.max_parallelism,
-        "restart_strategy": restart.to_config(),
-    }
-
-
-def registration(
-    job: JobExecution,
-    restart: RestartStrategy,
-    *,
-    incarnation: str | None = None,
-    extra_config: dict[str, Any] | None = None,
-) -> p.JobRegistered:
-    """The ``job_registered`` event of a job (graph, configuration, restart strategy, and the
-    end-to-end guarantee its sources and sinks give)."""
-    guarantee = job_guarantee(job)
-    return p.JobRegistered(
-        job_name=job.graph.name,
-        vertices=job.graph.vertices(),
-        edges=job.graph.edges(),
-        config={**config_summary(job.options, restart), **(extra_config or {})},
-        incarnation=incarnation,
-        guarantee=p.GuaranteeModel(level=guarantee.level, reason=guarantee.reason),
-    )
-
-
-def job_guarantee(job: JobExecution) -> Guarantee:
-    """The end-to-end guarantee of ``job``: its graph's sources and sinks in its mode."""
-    graph = job.graph
-    return end_to_end(
-        graph.source_connectors(), graph.sink_connectors(), job.options.checkpoint.mode
-    )
 
 
 class InProcessAuthority(Authority):
@@ -307,7 +259,13 @@ class InProcessAuthority(Authority):
             )
         outcome = job.run_epoch(runner, ranges, barrier, self)
         if outcome.failure is not None:
-            self._on_failure(outcome.failure, outcome.epoch)
+            failed = outcome.failed
+            vertex = failed[0] if failed is not None else None
+            region = failover_region(job.graph, self.options.failover_strategy, vertex)
+            if region is None or failed is None:  # the whole job: every job of one region
+                self._on_failure(outcome.failure, outcome.epoch)
+            else:
+                self._on_region_failure(outcome.failure, outcome.epoch, region, failed)
 
     # ------------------------------------------------------------------ EpochListener
     def before_acks(self) -> None:
@@ -432,6 +390,46 @@ class InProcessAuthority(Authority):
         else:
             job.restore(self.initial_point, self.initial_storage)
         job.set_status(p.JobStatus.RUNNING, note)
+
+    def _on_region_failure(
+        self, cause: str, epoch: int, region: Region, failed: tuple[str, int]
+    ) -> None:
+        """As :meth:`_on_failure`, restoring only ``region`` (Flink's region failover): the
+        restart strategy counts it as a restart, pending checkpoints are aborted (each covers
+        every vertex), the other regions keep their working state and attempt."""
+        job = self.job
+        # Step 1
+        job.publish(
+            p.TaskFailed(
+                epoch=epoch,
+                cause=cause,
+                operator_id=failed[0],
+                subtask=failed[1],
+                region=region.name,
+                region_vertices=list(region.vertices),
+            )
+        )
+        # Step 2
+        decision = self.restart.on_failure(job.clock.now_ms())
+        if not decision.restart:
+            job.set_status(p.JobStatus.FAILING, cause)
+            raise JobFailedError(f"job {job.job_id} failed: {cause} ({decision.message})")
+        job.set_status(p.JobStatus.RESTARTING, cause)
+        self.wait_unless_canceled(decision.delay_ms)
+        if self.cancel_requested:
+            return
+        # Step 3
+        failover, note = self._failover(cause)
+        previous, job.attempt = job.attempt, failover.attempt
+        self._handle_failed(failover.aborted)
+        # Step 4
+        cp = failover.restore_from
+        if cp is not None:
+            job.restore_region(region, RestorePoint.of(cp), None, previous, epoch)
+        else:
+            job.restore_region(region, self.initial_point, self.initial_storage, previous, epoch)
+        restarted = f"region {region.name} ({', '.join(region.vertices)}) restarted"
+        job.set_status(p.JobStatus.RUNNING, f"{note}; {restarted}" if note else restarted)
 
     def _failover(self, cause: str) -> tuple[FailoverDecision, str | None]:
         """The coordinator's failover to its latest checkpoint, or, when that one's state

@@ -29,10 +29,12 @@ from sparkpoint.errors import (
     ConfigurationError,
     SparkpointError,
 )
+from sparkpoint.job_graph import Region
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.authority import Authority, JobFailedError, registration
 from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.failover import failover_region
 from sparkpoint.runtime.heartbeats import (
     HEARTBEAT_INTERVAL_MS,
     DriverHeartbeats,
@@ -172,6 +174,7 @@ class ControlPlaneAuthority(Authority):
         self._checkpoints = CommandedCheckpoints()
         self._running: QueuedBarrier | None = None  # the barrier of the epoch running now
         self._awaiting_decision = False  # after task_failed: until restore or cancel
+        self._region: tuple[Region, int] | None = None  # a region failure reported, its epoch
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -253,7 +256,7 @@ class ControlPlaneAuthority(Authority):
                 )
                 self._running = None
                 if outcome.failure is not None:
-                    self._fail(outcome.epoch, outcome.failure)
+                    self._fail(outcome.epoch, outcome.failure, outcome.failed)
                 elif queued is not None:
                     self._checkpoints.carried(queued)
         except (JobFailedError, SparkLostError):
@@ -388,9 +391,27 @@ class ControlPlaneAuthority(Authority):
         if completion.ends_job:
             self._end = (p.JobStatus.FINISHED, None)
 
-    def _fail(self, epoch: int, cause: str) -> None:
-        """Report a failure and wait for the control plane's decision."""
-        self.job.publish(p.TaskFailed(epoch=epoch, cause=cause))
+    def _fail(self, epoch: int, cause: str, failed: tuple[str, int] | None = None) -> None:
+        """Report a failure and wait for the control plane's decision. A failure of a
+        subtask whose region the failover strategy restarts alone (not in a job of one
+        region) names it; the next ``restore`` then restores that region only."""
+        job = self.job
+        vertex = failed[0] if failed is not None else None
+        region = failover_region(job.graph, job.options.failover_strategy, vertex)
+        self._region = (region, epoch) if region is not None else None
+        if region is None or failed is None:
+            job.publish(p.TaskFailed(epoch=epoch, cause=cause))
+        else:
+            job.publish(
+                p.TaskFailed(
+                    epoch=epoch,
+                    cause=cause,
+                    operator_id=failed[0],
+                    subtask=failed[1],
+                    region=region.name,
+                    region_vertices=list(region.vertices),
+                )
+            )
         self._awaiting_decision = True
 
     def _on_restore(self, command: p.RestoreJob) -> None:
@@ -407,7 +428,8 @@ class ControlPlaneAuthority(Authority):
             return
         # Step 2
         self._started = True
-        job.attempt = command.new_attempt
+        previous, job.attempt = job.attempt, command.new_attempt
+        region, self._region = self._region, None
         self._checkpoints.reset()
         self._awaiting_decision = False
         fresh = job.status is p.JobStatus.CREATED
@@ -422,7 +444,10 @@ class ControlPlaneAuthority(Authority):
             # Step 3
             point, storage = self._restore_point(command)
             # Step 4
-            job.restore(point, storage, record=point is not None or not fresh)
+            if region is not None and not fresh:
+                job.restore_region(region[0], point, storage, previous, region[1])
+            else:
+                job.restore(point, storage, record=point is not None or not fresh)
         except ConfigurationError:
             raise
         except (SparkpointError, OSError) as err:

@@ -47,6 +47,7 @@ from sparkpoint.runtime.authority import (
 )
 from sparkpoint.runtime.connected import ControlPlaneAuthority, ControlPlaneLink
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.failover import check_failover_strategy
 from sparkpoint.runtime.local import LocalEpochRunner
 from sparkpoint.runtime.plan import FailureInjection
 from sparkpoint.runtime.planner import EpochPlanner, planned_source
@@ -79,6 +80,8 @@ class JobResult:
     completed_checkpoints: list[int] = field(default_factory=list)
     restores: list[int | None] = field(default_factory=list)
     events: InMemoryEventSink | None = None
+    # Region failovers: (region name, the checkpoint it restored; None: the beginning).
+    region_restores: list[tuple[str, int | None]] = field(default_factory=list)
 
     @property
     def records_per_second(self) -> float:
@@ -103,6 +106,7 @@ class JobDriver:
         ``in_process``: no Spark at all, the epochs run in this process
         (:class:`~sparkpoint.runtime.local.LocalEpochRunner`, for tests)."""
         check_state_options(options)
+        check_failover_strategy(options.failover_strategy)
         self.graph = graph
         self.options = options
         self.clock = clock or SystemClock()
@@ -209,6 +213,7 @@ class JobDriver:
             completed_checkpoints=list(job.completed),
             restores=list(job.restores),
             events=self.memory,
+            region_restores=list(job.region_restores),
         )
 
     def _run(self, job: JobExecution) -> None:

@@ -23,6 +23,7 @@ from sparkpoint.console import Console
 from sparkpoint.errors import ConfigurationError, InjectedFailure
 from sparkpoint.events import EventSink
 from sparkpoint.graph import JobGraph, SinkNode
+from sparkpoint.job_graph import Region
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.plan import EpochPlan, FailureInjection, SplitRange, StateInput, TaskReport
 from sparkpoint.runtime.planner import EpochPlanner
@@ -77,6 +78,7 @@ class EpochOutcome:
 
     epoch: int
     failure: str | None = None
+    failed: tuple[str, int] | None = None  # the failed subtask, when the failure names it
 
 
 class JobExecution:
@@ -104,6 +106,11 @@ class JobExecution:
         self.failure = failure
         self.durable = durable
         self.attempt = 1  # the authority sets it: every event carries it
+        # Vertices of regions that a region failover left running -> their attempt (plan's).
+        self.vertex_attempts: dict[str, int] = {}
+        self.region_restores: list[tuple[str, int | None]] = []  # (region, checkpoint id)
+        # (sink uid, epoch): parts that a failed epoch wrote in a region that kept running
+        self._orphaned: list[tuple[SinkNode, int]] = []
         self.epoch = 0
         self.committed_up_to = 0
         self.records = 0
@@ -172,6 +179,7 @@ class JobExecution:
             isolate_workers=self.options.isolate_workers,
             state_backend=self.options.state_backend,
             incremental=self.options.incremental,
+            vertex_attempts=dict(self.vertex_attempts),
         )
         started = self.clock.monotonic_ms()
         outcome = EpochOutcome(plan.epoch)
@@ -182,7 +190,7 @@ class JobExecution:
             # Step 3
             self._accept(plan, reports, self.clock.monotonic_ms() - started, listener)
         except EpochFailedError as err:
-            outcome = EpochOutcome(plan.epoch, err.cause)
+            outcome = EpochOutcome(plan.epoch, err.cause, err.failed)
         except InjectedFailure as err:
             outcome = EpochOutcome(plan.epoch, f"InjectedFailure: {err}")
         # Step 4
@@ -201,7 +209,7 @@ class JobExecution:
         by_task = {
             (r.operator_id, r.subtask): r
             for r in reports
-            if r.attempt == plan.attempt and r.epoch == plan.epoch
+            if r.attempt == plan.attempt_of(r.operator_id) and r.epoch == plan.epoch
         }
         if set(by_task) != expected:
             missing = sorted(expected - set(by_task))
@@ -309,11 +317,13 @@ class JobExecution:
         if self._restored_ms is None:
             return
         for node in self.graph.sinks:
-            node.sink.abort_uncommitted(
-                self.job_id, node.uid, keep=set(), before_attempt=self.attempt
-            )
+            attempt = self.vertex_attempts.get(node.vertex, self.attempt)
+            node.sink.abort_uncommitted(self.job_id, node.uid, keep=set(), before_attempt=attempt)
+        for node, epoch in self._orphaned:
+            node.sink.abort_uncommitted(self.job_id, node.uid, keep=set(), in_epoch=epoch)
         if self.clock.now_ms() - self._restored_ms >= SWEEP_AFTER_RESTORE_MS:
             self._restored_ms = None
+            self._orphaned = []
 
     def restore(
         self,
@@ -331,6 +341,7 @@ class JobExecution:
         sources back, (4) hand the state handles to the subtasks, (5) report
         ``job_restored``."""
         self.restore_storage = storage
+        self.vertex_attempts.clear()  # every vertex restarts in the job's attempt
         # Step 1
         committed = 0
         if point is not None:
@@ -367,6 +378,100 @@ class JobExecution:
         # Step 5
         if record:
             self.restores.append(point.checkpoint_id if point else None)
+        self.publish(
+            p.JobRestored(
+                checkpoint_id=point.checkpoint_id if point else None,
+                external_path=point.external_path if point else None,
+                committed_transactions=committed,
+                aborted_parts=aborted,
+            )
+        )
+
+    def restore_region(
+        self,
+        region: Region,
+        point: RestorePoint | None,
+        storage: CheckpointStorage | None,
+        previous_attempt: int,
+        failed_epoch: int,
+    ) -> None:
+        """Restore only ``region`` (a region failover, :mod:`~sparkpoint.runtime.failover`)
+        from a checkpoint (None: the beginning); every other vertex keeps its working state
+        and source positions from before the failed epoch, and runs that epoch again in
+        ``previous_attempt``, the attempt it ran in (its transactions stay its own).
+
+        Steps: (1) the other vertices keep their attempt, (2) commit the transactions of the
+        restored checkpoint again, (3) abort the uncommitted parts of the region's
+        sinks, and the parts that the other regions' sinks wrote in ``failed_epoch`` (no
+        working state names them; commits sweep them again a while, as after any restore),
+        (4) seek the region's sources back, (5) hand the state handles to the region's
+        subtasks, (6) report ``job_restored``."""
+        inside = set(region.vertices)
+        self.restore_storage = storage
+        # Step 1
+        for uid in self.graph.tasks():
+            if uid in inside:
+                self.vertex_attempts.pop(uid, None)
+            else:
+                self.vertex_attempts.setdefault(uid, previous_attempt)
+        # Step 2: every region's (idempotent): the other regions' subtasks drop their pending
+        # transactions of this checkpoint, whose commit a failure may have come before.
+        committed = 0
+        if point is not None:
+            for ack in point.acks:
+                for txn in ack.sink_transactions:
+                    committed += 1
+                    self._commit_txn(ack, txn)
+            self.committed_up_to = max(self.committed_up_to, point.checkpoint_id)
+        # Step 3
+        aborted = sum(
+            node.sink.abort_uncommitted(self.job_id, node.uid, keep=set())
+            for node in self.graph.sinks
+            if node.vertex in inside
+        )
+        self._orphaned += [(n, failed_epoch) for n in self.graph.sinks if n.vertex not in inside]
+        aborted += sum(
+            node.sink.abort_uncommitted(self.job_id, node.uid, keep=set(), in_epoch=epoch)
+            for node, epoch in self._orphaned
+        )
+        self._restored_ms = self.clock.now_ms()
+        # Step 4
+        restored = point.source_positions() if point is not None else {}
+        ids = self.graph.split_ids()
+        positions = dict(zip(ids, self.planner.positions, strict=True))
+        for src in self.graph.sources:
+            if src.uid in inside:
+                first = self.graph.split_offset(src.uid)
+                for sid in ids[first : first + src.parallelism]:
+                    positions[sid] = restored.get(sid, 0)
+        self.planner.reset(positions)
+        # Step 5
+        stale = [
+            url
+            for uid, ins in self.state_inputs.items()
+            if uid in inside
+            for i in ins
+            for url in i.durable_files
+        ]
+        self.storage.discard_working_state(self.job_id, stale)
+        keyed = {k.uid for k in self.graph.keyed_vertices}
+        self.state_inputs = {
+            uid: tuple(
+                StateInput(
+                    handles=point.handles(uid) if uid in keyed else (),
+                    operator_state=point.operator_state(uid),
+                    restored_from=point.checkpoint_id,
+                )
+                if point is not None
+                else StateInput()
+                for _ in range(n)
+            )
+            if uid in inside
+            else self.state_inputs[uid]
+            for uid, n in self.graph.stateful().items()
+        }
+        # Step 6
+        self.region_restores.append((region.name, point.checkpoint_id if point else None))
         self.publish(
             p.JobRestored(
                 checkpoint_id=point.checkpoint_id if point else None,

@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
+from sparkpoint.runtime.failover import attributed, failed_subtask
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.spark import EpochFailedError, SparkApplication
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
@@ -59,7 +60,8 @@ class LocalEpochRunner:
             for vertex in self.graph.all_vertices():  # topological: inputs first
                 outputs[vertex.uid] = self._run_vertex(shipped, vertex, outputs)
         except Exception as err:
-            raise EpochFailedError(plan.epoch, f"{type(err).__name__}: {err}") from err
+            cause = f"{type(err).__name__}: {err}"
+            raise EpochFailedError(plan.epoch, cause, failed_subtask(err)) from err
         tails = [v.uid for v in self.graph.all_vertices() if self.graph.downstream(v.uid) is None]
         return [pickle.loads(data) for uid in tails for out in outputs[uid] for _, data in out]
 
@@ -72,7 +74,8 @@ class LocalEpochRunner:
         if isinstance(vertex, SourceVertex):
             for i in range(n):
                 graph, plan = cloudpickle.loads(shipped)  # each task its own copy
-                results.append(_pickled(run_source_task(graph, plan, i, self._info(i), vertex=uid)))
+                task = run_source_task(graph, plan, i, self._info(i), vertex=uid)
+                results.append(_pickled(attributed(uid, i, task)))
             return results
         inputs: list[list[_Shipped]] = [[] for _ in range(n)]
         for upstream in vertex.inputs:
@@ -82,9 +85,8 @@ class LocalEpochRunner:
         for i in range(n):
             graph, plan = cloudpickle.loads(shipped)
             elements = _unpickled(inputs[i])
-            results.append(
-                _pickled(run_keyed_task(graph, plan, i, elements, self._info(i), vertex=uid))
-            )
+            task = run_keyed_task(graph, plan, i, elements, self._info(i), vertex=uid)
+            results.append(_pickled(attributed(uid, i, task)))
         return results
 
     def _info(self, partition: int) -> TaskInfo:

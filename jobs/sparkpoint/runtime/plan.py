@@ -101,6 +101,14 @@ class EpochPlan:
     incremental: bool = False  # native snapshots upload only new files (rocksdb)
     chunk_records: int = 262_144
     failure: FailureInjection | None = None
+    # vertex uid -> the attempt its subtasks run in, for the vertices of regions that a region
+    # failover left running (their transactions and working state keep their attempt); any
+    # other vertex runs in ``attempt``. Empty unless a job of several regions failed over.
+    vertex_attempts: Mapping[str, int] = field(default_factory=dict)
+
+    def attempt_of(self, uid: str) -> int:
+        """The attempt that vertex ``uid``'s subtasks run in (see ``vertex_attempts``)."""
+        return self.vertex_attempts.get(uid, self.attempt)
 
     def injects(
         self, where: str, subtask: int, vertex: str | None = None, default: bool = True

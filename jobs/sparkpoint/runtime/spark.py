@@ -28,6 +28,7 @@ from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
 from sparkpoint.protocol_types import MAX_EXECUTORS
+from sparkpoint.runtime.failover import attributed, failed_subtask
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
 
@@ -37,10 +38,11 @@ _log = logging.getLogger(__name__)
 class EpochFailedError(SparkpointError):
     """A task of the epoch failed; ``cause`` is the task's error in one line."""
 
-    def __init__(self, epoch: int, cause: str) -> None:
+    def __init__(self, epoch: int, cause: str, failed: tuple[str, int] | None = None) -> None:
         super().__init__(f"epoch {epoch} failed: {cause}")
         self.epoch = epoch
         self.cause = cause
+        self.failed = failed  # the failed subtask (vertex uid, index), when the failure names it
 
 
 class WarmUpFailedError(SparkpointError):
@@ -422,13 +424,15 @@ class SparkEpochRunner:
         if isinstance(vertex, SourceVertex):
 
             def source(index: int, _items: Any) -> Any:
-                return run_source_task(graph, plan, index, _task_info(), vertex=uid)
+                task = run_source_task(graph, plan, index, _task_info(), vertex=uid)
+                return attributed(uid, index, task)
 
             n = vertex.parallelism
             return self.sc.parallelize(range(n), n).mapPartitionsWithIndex(source)
 
         def keyed(index: int, items: Any) -> Any:
-            return run_keyed_task(graph, plan, index, items, _task_info(), vertex=uid)
+            task = run_keyed_task(graph, plan, index, items, _task_info(), vertex=uid)
+            return attributed(uid, index, task)
 
         inputs = [rdds[i] for i in vertex.inputs]
         rdd = inputs[0] if len(inputs) == 1 else self.sc.union(inputs)
@@ -452,7 +456,8 @@ class SparkEpochRunner:
             reports = list(rdd.collect())
             lost = before - self._executor_ids()
         except Exception as err:
-            raise self._failure(err, EpochFailedError(plan.epoch, failure_cause(err))) from err
+            epoch_failed = EpochFailedError(plan.epoch, failure_cause(err), failed_subtask(err))
+            raise self._failure(err, epoch_failed) from err
         finally:
             self._clear_job_group()
         if lost:

@@ -177,7 +177,7 @@ class SubtaskCheckpointer:
                 self.plan.storage,
                 self.plan.job_id,
                 barrier.checkpoint_id,
-                f"{self.uid}-{self.subtask}-a{self.plan.attempt}-t{self.report.task_attempt}",
+                f"{self.uid}-{self.subtask}-a{self.report.attempt}-t{self.report.task_attempt}",
                 self.backend.key_group_range,
                 incremental=self.plan.incremental and barrier.kind is CheckpointKind.CHECKPOINT,
                 states=[
@@ -393,7 +393,7 @@ def save_working_state(
     backend: KeyedStateBackend | None = None,
 ) -> None:
     """Last step of every epoch: write version v+1, tagged by who wrote it."""
-    tag = f"a{plan.attempt}-e{plan.epoch}-t{report.task_attempt}"
+    tag = f"a{report.attempt}-e{plan.epoch}-t{report.task_attempt}"
     data = working_state.encode(tag, state)
     directory = _local_dir(plan, uid, subtask)
     working_state.save_local(directory, tag, data)

@@ -61,7 +61,7 @@ def _sink_writers(
     writers = {}
     for node in graph.sinks_of(uid):
         ctx = WriterContext(
-            plan.job_id, node.uid, subtask, plan.attempt, plan.epoch, info.task_attempt
+            plan.job_id, node.uid, subtask, plan.attempt_of(uid), plan.epoch, info.task_attempt
         )
         writers[node.uid] = node.sink.writer(ctx, state.open_txns.get(node.uid))
     return writers
@@ -170,7 +170,7 @@ def run_source_task(
     uid = src.uid
     rng = plan.ranges[graph.split_offset(uid) + subtask]
     split = rng.split - graph.split_offset(uid)  # the split's index in its own source
-    report = TaskReport(uid, subtask, plan.epoch, plan.attempt, info.task_attempt)
+    report = TaskReport(uid, subtask, plan.epoch, plan.attempt_of(uid), info.task_attempt)
     state = None
     sinks: dict[str, SinkWriter] = {}
     operators = None
@@ -288,7 +288,7 @@ def run_keyed_task(
     assert isinstance(keyed, KeyedVertex)
     uid = keyed.uid
     channels = graph.channels(keyed)
-    report = TaskReport(uid, subtask, plan.epoch, plan.attempt, info.task_attempt)
+    report = TaskReport(uid, subtask, plan.epoch, plan.attempt_of(uid), info.task_attempt)
     forwarded: list[TaskReport] = []
     # Step 1
     kg_range = key_group_range(subtask, keyed.parallelism, keyed.max_parallelism)

@@ -1,0 +1,82 @@
+"""Failover strategies (Flink's ``jobmanager.execution.failover-strategy``): what restarts.
+
+``full`` restarts every vertex from the latest completed checkpoint. ``region`` (the default, as
+Flink's) restarts only the failover region of the failed subtask: the connected component of
+the job graph (:meth:`~sparkpoint.job_graph.JobGraph.regions`) that holds it. A failure is
+attributed to a subtask by a note that the runners add to the task's exception
+(:func:`attributed`): in this process it is on the exception, from Spark it is in the task's
+traceback text. A failure that names no subtask (a lost executor, the driver's own error, an
+epoch without a report) restarts the whole job, and so does any failure of a job whose graph
+is one region: that job takes exactly the path of ``full``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.job_graph import JobGraph, Region
+
+_NOTE = "(in Sparkpoint subtask {uid}[{subtask}])"
+_NOTE_RE = re.compile(r"\(in Sparkpoint subtask (?P<uid>[^\s\[\]]+)\[(?P<subtask>\d+)\]\)")
+
+
+class FailoverStrategy(enum.Enum):
+    """Flink's values of ``jobmanager.execution.failover-strategy``."""
+
+    REGION = "region"
+    FULL = "full"
+
+
+def check_failover_strategy(strategy: str) -> FailoverStrategy:
+    """The strategy named ``strategy``.
+
+    Raises:
+        ConfigurationError: no such strategy.
+    """
+    try:
+        return FailoverStrategy(strategy)
+    except ValueError as err:
+        raise ConfigurationError(
+            f"unknown failover strategy {strategy!r}; use region or full"
+        ) from err
+
+
+def attributed(uid: str, subtask: int, task: Iterator[object]) -> Iterator[object]:
+    """``task``'s elements; an exception it raises carries a note naming ``uid[subtask]``
+    (Python's ``add_note``: the exception's message, and so the failure's cause, is
+    unchanged; the note is in its traceback, which Spark ships to the driver)."""
+    try:
+        yield from task
+    except Exception as err:
+        if failed_subtask(err) is None:
+            err.add_note(_NOTE.format(uid=uid, subtask=subtask))
+        raise
+
+
+def failed_subtask(err: BaseException) -> tuple[str, int] | None:
+    """The subtask that raised ``err`` (or an exception in its chain), if a note names it:
+    on the exception itself, or in the text of a Spark error that carries its traceback."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for text in [*getattr(current, "__notes__", ()), str(current)]:
+            found = _NOTE_RE.search(text)
+            if found is not None:
+                return found["uid"], int(found["subtask"])
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def failover_region(graph: JobGraph, strategy: str, vertex: str | None) -> Region | None:
+    """The region that a failure of ``vertex`` restarts, or None: the whole job (``full``, a
+    failure that names no vertex, or a job of one region)."""
+    if check_failover_strategy(strategy) is FailoverStrategy.FULL or vertex is None:
+        return None
+    regions = graph.regions()
+    if len(regions) < 2:
+        return None
+    return next((r for r in regions if vertex in r.vertices), None)
