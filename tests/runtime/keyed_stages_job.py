@@ -31,6 +31,7 @@ def run_stages(
     failure: FailureInjection | None = None,
     clicks: tuple[Any, ...] | None = None,
     more_sinks: bool = False,
+    failover_strategy: str = "region",
 ) -> tuple[JobResult, str]:
     """Run the job on Spark, or in this process given ``IN_PROCESS`` (with ``clicks``: the
     union of two sources; ``more_sinks``: three sinks, under ``<base>/<name>/more``); returns
@@ -49,6 +50,7 @@ def run_stages(
             "restart-strategy.fixed-delay.attempts": "2",
             "restart-strategy.fixed-delay.delay": "0 ms",
         },
+        failover_strategy=failover_strategy,
     )
     env = StreamExecutionEnvironment(options)
     more = str(base / name / "more") if more_sinks else None

@@ -202,3 +202,25 @@ def test_a_driver_restarted_during_a_restart_delay_is_restored_once(harness: Har
     assert _restores(harness) == []
     job = _job(harness)
     assert (job.attempt, job.restart_due_at) == (2, None)
+
+
+def test_a_region_failure_is_recorded_with_the_region_it_restarts(harness: Harness) -> None:
+    harness.start(
+        restart_strategy=_strategy("fixed-delay", attempts=3, delay="2 s"),
+    )
+    harness.send(
+        1,
+        p.TaskFailed(
+            epoch=4,
+            cause="InjectedFailure: boom",
+            operator_id="a-count",
+            subtask=1,
+            region="a-events",
+            region_vertices=["a-events", "a-count"],
+        ),
+    )
+    with harness.sessions() as s:
+        [exc] = s.scalars(select(JobException).where(JobException.job_id == harness.job_id))
+    assert (exc.operator_id, exc.subtask) == ("a-count", 1)
+    assert exc.action.startswith("restart region a-events (a-events, a-count) in 2000 ms (")
+    assert _job(harness).status == "RESTARTING"  # a region restart counts as a restart
