@@ -116,7 +116,7 @@ def test_region_failover_restarts_only_the_failed_pipeline(
     assert result.attempt == 2
 
 
-@pytest.mark.parametrize("failure", FAILURES_IN_A[:1])
+@pytest.mark.parametrize("failure", FAILURES_IN_A)
 def test_full_failover_restarts_both_pipelines(
     tmp_path: Path, clean: tuple[Counter[str], Counter[str]], failure: FailureInjection
 ) -> None:
@@ -145,16 +145,26 @@ def test_a_failure_in_the_second_pipeline_restarts_only_it(
     assert hidden_files(out_a) == [] and hidden_files(out_b) == []
 
 
-@pytest.mark.parametrize("strategy", ["region", "full"])
-def test_a_job_of_one_region_restarts_whole_under_either_strategy(
-    tmp_path: Path, strategy: str
-) -> None:
+def test_a_job_of_one_region_restarts_whole_under_either_strategy(tmp_path: Path) -> None:
+    """Same events under ``region`` and ``full`` (but for the paths that name the job)."""
     failure = FailureInjection("keyed", subtask=1, records=60, at_epoch=3, vertex="per-region")
-    result, _ = run_stages(IN_PROCESS, tmp_path, strategy, failure, failover_strategy=strategy)
-    assert result.region_restores == []
-    assert result.restores == [restored_before_failure(result)]
-    [failed] = _payloads(result, "task_failed")
-    assert failed["region"] is None and failed["region_vertices"] is None
+    seen = {}
+    for strategy in ("region", "full"):
+        result, out = run_stages(
+            IN_PROCESS, tmp_path, strategy, failure, failover_strategy=strategy
+        )
+        assert result.region_restores == []
+        assert result.restores == [restored_before_failure(result)]
+        [failed] = _payloads(result, "task_failed")
+        assert failed["region"] is None and failed["region_vertices"] is None
+        assert result.events is not None
+        seen[strategy] = (
+            [(e.attempt, e.type) for e in result.events.events],
+            _payloads(result, "task_failed"),
+            [{**r, "external_path": None} for r in _payloads(result, "job_restored")],
+            line_counts(out),
+        )
+    assert seen["region"] == seen["full"]
 
 
 def test_a_connected_job_restores_the_region_the_control_plane_restarts(
