@@ -52,7 +52,11 @@ def attributed(uid: str, subtask: int, task: Iterator[object]) -> Iterator[objec
         yield from task
     except Exception as err:
         if failed_subtask(err) is None:
-            err.add_note(_NOTE.format(uid=uid, subtask=subtask))
+            note = _NOTE.format(uid=uid, subtask=subtask)
+            if hasattr(err, "add_note"):
+                err.add_note(note)
+            else:  # Python 3.10: read in this process only; from Spark, the whole job restarts
+                setattr(err, "__notes__", [*getattr(err, "__notes__", ()), note])  # noqa: B010
         raise
 
 
