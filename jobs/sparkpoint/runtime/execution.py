@@ -343,13 +343,7 @@ class JobExecution:
         self.restore_storage = storage
         self.vertex_attempts.clear()  # every vertex restarts in the job's attempt
         # Step 1
-        committed = 0
-        if point is not None:
-            for ack in point.acks:
-                for txn in ack.sink_transactions:
-                    committed += 1
-                    self._commit_txn(ack, txn)
-            self.committed_up_to = max(self.committed_up_to, point.checkpoint_id)
+        committed = self._commit_again(point)
         # Step 2
         aborted = sum(
             node.sink.abort_uncommitted(self.job_id, node.uid, keep=set())
@@ -387,6 +381,18 @@ class JobExecution:
             )
         )
 
+    def _commit_again(self, point: RestorePoint | None) -> int:
+        """Commit the pre-committed transactions of ``point`` again (idempotent); how many."""
+        if point is None:
+            return 0
+        committed = 0
+        for ack in point.acks:
+            for txn in ack.sink_transactions:
+                committed += 1
+                self._commit_txn(ack, txn)
+        self.committed_up_to = max(self.committed_up_to, point.checkpoint_id)
+        return committed
+
     def restore_region(
         self,
         region: Region,
@@ -416,13 +422,7 @@ class JobExecution:
                 self.vertex_attempts.setdefault(uid, previous_attempt)
         # Step 2: every region's (idempotent): the other regions' subtasks drop their pending
         # transactions of this checkpoint, whose commit a failure may have come before.
-        committed = 0
-        if point is not None:
-            for ack in point.acks:
-                for txn in ack.sink_transactions:
-                    committed += 1
-                    self._commit_txn(ack, txn)
-            self.committed_up_to = max(self.committed_up_to, point.checkpoint_id)
+        committed = self._commit_again(point)
         # Step 3
         aborted = sum(
             node.sink.abort_uncommitted(self.job_id, node.uid, keep=set())
