@@ -186,6 +186,12 @@ def _group_codes(keys: DictColumn) -> tuple[list[Any], np.ndarray]:
     # An object array whose values cannot be ordered keeps code order.
     with contextlib.suppress(TypeError):
         occurs = occurs[np.argsort(keys.values[occurs], kind="stable")]
+    ordered = keys.values[occurs]
+    if ordered.dtype.kind in "USiu" and not np.any(ordered[1:] == ordered[:-1]):
+        # Distinct strings or integers (equal as numpy values iff equal as keys): no dict.
+        remap = np.zeros(len(keys.values), dtype=np.int64)
+        remap[occurs] = np.arange(len(occurs))
+        return ordered.tolist(), remap[keys.codes]
     slot: dict[Any, int] = {}
     remap = np.zeros(len(keys.values), dtype=np.int64)
     for code, key in zip(occurs.tolist(), keys.values[occurs].tolist(), strict=True):
@@ -282,8 +288,7 @@ class CountOperator(KeyedOperator):
         totals = base + per_key
         table.put_many(ukeys, totals.tolist())
         if self.emit == "epoch":
-            for k, total in zip(ukeys, totals.tolist(), strict=True):
-                self._changed[k] = total
+            self._changed.update(zip(ukeys, totals.tolist(), strict=True))
             return Batch.of_rows([])
         # Running count of each record: base + its 1-based rank among its key's records.
         order = np.argsort(_narrow(inverse, len(ukeys)), kind="stable")
@@ -295,9 +300,12 @@ class CountOperator(KeyedOperator):
     def flush_updates(self, backend: KeyedStateBackend) -> Batch:
         if not self._changed:
             return Batch.of_rows([])
-        ks = list(self._changed)
+        changed = self._changed
         out = Batch.of_columns(
-            **{self.key_field: np.array(ks), self.output: np.array([self._changed[k] for k in ks])}
+            **{
+                self.key_field: np.array(list(changed)),
+                self.output: np.fromiter(changed.values(), dtype=np.int64, count=len(changed)),
+            }
         )
         self._changed = {}
         return out

@@ -34,6 +34,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any, ClassVar
 
 import numpy as np
@@ -171,6 +172,8 @@ def _json_values(col: np.ndarray, distinct: bool = False) -> list[str]:
     if col.dtype.kind in "iub":
         values = col.astype(str) if col.dtype.kind != "b" else np.where(col, "true", "false")
         return values.tolist()
+    if col.dtype.kind == "U":  # what json.dumps does with a str, in C, without a sort
+        return list(map(encode_basestring_ascii, col.tolist()))
     if distinct:
         return [_json_text(v) for v in col]
     uniq, inverse = np.unique(col, return_inverse=True)

@@ -33,7 +33,7 @@ epoch changed and :meth:`KeyedStateBackend.open_version` opens one, both through
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
@@ -411,9 +411,10 @@ class KeyedStateBackend(abc.ABC):
     # ------------------------------------------------------------------------- export
 
     @abc.abstractmethod
-    def entries(self) -> Iterator[tuple[int, str, Any, Any]]:
+    def entries(self) -> Iterable[tuple[int, str, Any, Any]]:
         """Every entry as ``(key group, state name, key, value)``, in no promised order (the
-        canonical encoder groups them by key group itself)."""
+        canonical encoder groups them by key group itself; an ``EntryColumns`` it encodes a
+        column at a time)."""
 
     def load(self, entries: Iterable[tuple[int, str, Any, Any]]) -> None:
         """Add restored entries (their states registered before); a value of

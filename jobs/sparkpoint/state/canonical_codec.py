@@ -66,6 +66,11 @@ class EntryColumns:
         self._tables = {name: table for name, table in tables.items() if table}
         self._key_groups = key_groups
 
+    @property
+    def tables(self) -> dict[str, Mapping[Any, Any]]:
+        """The non-empty tables, by state name."""
+        return self._tables
+
     def __iter__(self) -> Iterator[tuple[int, str, Any, Any]]:
         for name, table in self._tables.items():
             keys = list(table)

@@ -2,11 +2,13 @@
 
 Flink's changelog state backend in miniature. Version *v+1* of a subtask's keyed state is
 written as the entries the epoch read or wrote (:meth:`KeyedStateBackend.take_changes`), a
-canonical snapshot with tombstones (``<tag>.delta``), plus a chain file (``<tag>.chain``, JSON)
-naming the files that rebuild the version in order: a full canonical snapshot
-(``<tag>.base``) and the deltas after it. The cost of an epoch without a checkpoint is thus
-proportional to the keys it touched, not to the state. When the deltas of a chain outweigh
-its base (or there are more than :data:`MAX_DELTAS`), the next version writes a new base.
+delta with tombstones (``<tag>.delta``), plus a chain file (``<tag>.chain``, JSON) naming the
+files that rebuild the version in order: a base of every entry (``<tag>.base``) and the deltas
+after it. Bases and deltas are columnar (:mod:`sparkpoint.state.changelog_delta`: nothing
+sorted or hashed to write them); chains of earlier versions, canonical snapshots, still read.
+The cost of an epoch without a checkpoint is thus proportional to the keys it touched, not to
+the state. When the deltas of a chain outweigh its base (or there are more than
+:data:`MAX_DELTAS`), the next version writes a new base.
 
 Every file goes to the subtask's local directory and, on clusters, through
 :meth:`VersionStore.write_durable` to the checkpoint storage: the chain records the durable
@@ -21,17 +23,13 @@ previous tag and gets it rebuilt from the files.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 from typing import Any
 
-import numpy as np
-
 from sparkpoint.errors import CorruptSnapshotError
-from sparkpoint.state import canonical
+from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import DELETED, KeyedStateBackend, SavedVersion, VersionStore
-from sparkpoint.state.key_groups import key_groups_of
 from sparkpoint.state.restoring import SnapshotMerge, check_max_parallelism, register
 
 MAX_DELTAS = 32
@@ -87,7 +85,6 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
         "max_parallelism": backend.max_parallelism,
         "key_group_range": backend.key_group_range,
         "watermarks": backend.channel_watermarks,
-        "backend": backend.name,
     }
     # Step 2
     chain = _chain(store, previous, store.durable_url) if previous is not None else None
@@ -97,16 +94,13 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
         and chain["delta_bytes"] <= chain["base_bytes"]
     )
     if chain is not None and light:
-        mp = backend.max_parallelism
-        entries = canonical.EntryColumns(
-            changes.changes, functools.partial(_key_groups, max_parallelism=mp)
-        )
-        blob = canonical.encode_snapshot(changes.states, entries, changelog=True, **common)
+        blob = changelog_delta.encode_delta(changes.states, changes.changes, **common)
         name = f"{tag}.delta"
         chain = dict(chain, delta_bytes=chain["delta_bytes"] + len(blob))
         files = list(chain["files"])
     else:
-        blob = canonical.encode_snapshot(backend.state_infos, backend.entries(), **common)
+        tables = changelog_delta.tables_of(backend.entries())
+        blob = changelog_delta.encode_delta(backend.state_infos, tables, **common)
         name = f"{tag}.base"
         chain = {"base_bytes": len(blob), "delta_bytes": 0}
         files = []
@@ -120,12 +114,6 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
     _LIVE[store.local_dir] = (tag, backend)
     needed = tuple(f["durable"] for f in files if f["durable"]) + ((durable,) if durable else ())
     return SavedVersion(len(blob) + len(chain_blob), durable, needed)
-
-
-def _key_groups(keys: list[Any], max_parallelism: int) -> list[int]:
-    """The key group of every key of a delta, at once (numpy)."""
-    array = np.fromiter(keys, dtype=object, count=len(keys))
-    return key_groups_of(array, max_parallelism).tolist()
 
 
 def open_version(
@@ -161,11 +149,16 @@ def open_version(
                 f"working-state file {entry['name']} of version {tag} is neither in "
                 f"{store.local_dir} nor stored durably"
             )
-        snap = canonical.decode_snapshot(data, os.path.join(store.local_dir, entry["name"]))
-        if index == 0:
-            merge.add(snap, entry["name"])
-            merge.finish()
-            continue
+        where = os.path.join(store.local_dir, entry["name"])
+        snap: Any
+        if changelog_delta.is_delta(data):
+            snap = changelog_delta.decode_delta(data, where)
+        else:  # a chain of an earlier version: canonical snapshots
+            snap = canonical.decode_snapshot(data, where)
+            if index == 0:
+                merge.add(snap, entry["name"])
+                merge.finish()
+                continue
         check_max_parallelism(snap.max_parallelism, backend.max_parallelism, entry["name"])
         for info in snap.states.values():
             register(backend, info, entry["name"])

@@ -22,7 +22,7 @@ import functools
 import itertools
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -116,11 +116,16 @@ class TrackedTable(dict[Any, Any]):
 
     def get_many(self, keys: list[Any], default: Any) -> list[Any]:
         self.touched.update(keys)
-        if self.cow is not None:
-            for key in keys:
-                self._own(key)
-        get = dict.get
-        return [get(self, key, default) for key in keys]
+        values = list(map(dict.get, itertools.repeat(self), keys, itertools.repeat(default)))
+        cow = self.cow
+        if cow is None:
+            return values
+        if all(map(isinstance, values, itertools.repeat(_IMMUTABLE))):
+            cow.update(keys)  # nothing to copy: what _own would do, at once
+            return values
+        for key in keys:
+            self._own(key)
+        return list(map(dict.get, itertools.repeat(self), keys, itertools.repeat(default)))
 
     def put_many(self, keys: list[Any], values: list[Any]) -> None:
         self.touched.update(keys)
@@ -214,9 +219,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     # ------------------------------------------------------------------------- export
 
-    def entries(self) -> Iterator[tuple[int, str, Any, Any]]:
+    def entries(self) -> Iterable[tuple[int, str, Any, Any]]:
         tables = {name: dict(table) for name, table in self._tables.items()}
-        yield from _entries(tables, self.max_parallelism)
+        return _entries(tables, self.max_parallelism)  # columns: the encoder takes them whole
 
     def load(self, entries: Iterable[tuple[int, str, Any, Any]]) -> None:
         start, end = self.key_group_range.start, self.key_group_range.end
@@ -232,8 +237,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         changes: dict[str, dict[Any, Any]] = {}
         for name, table in self._tables.items():
             if table.touched:
-                get = dict.get
-                changes[name] = {key: get(table, key, DELETED) for key in table.touched}
+                keys = list(table.touched)
+                values = map(dict.get, itertools.repeat(table), keys, itertools.repeat(DELETED))
+                changes[name] = dict(zip(keys, values, strict=False))
                 table.touched = set()
         return ChangeSet(dict(self._infos), changes, dict(self.channel_watermarks))
 

@@ -207,8 +207,14 @@ def _hashes_of_unique(flat: np.ndarray) -> np.ndarray:
         unique, inverse = np.unique(flat, return_inverse=True)
     except TypeError:  # an object array whose values cannot be ordered (mixed types)
         return np.fromiter(map(stable_hash, flat.tolist()), dtype=np.uint64, count=flat.size)
-    hashes = np.fromiter(map(stable_hash, unique.tolist()), dtype=np.uint64, count=unique.size)
-    return hashes[inverse.reshape(-1)]
+    return _hashes_of_each(unique)[inverse.reshape(-1)]
+
+
+def _hashes_of_each(flat: np.ndarray) -> np.ndarray:
+    """:func:`stable_hash` of every element, one by one (str and bytes arrays in C)."""
+    if flat.dtype.kind in "US":
+        return _str_or_bytes_hashes(flat.tolist(), str if flat.dtype.kind == "U" else bytes)
+    return np.fromiter(map(stable_hash, flat.tolist()), dtype=np.uint64, count=flat.size)
 
 
 def _int_array_of(values: list[Any]) -> np.ndarray | None:
@@ -293,7 +299,12 @@ def key_groups_of(
     """
     check_max_parallelism(max_parallelism)
     if isinstance(keys, DictColumn):
-        per_value = key_groups_of(keys.values, max_parallelism)
+        values = keys.values
+        if values.dtype.kind in "US":  # a dictionary's values are mostly distinct: no sort
+            hashes = _hashes_of_each(values)
+            per_value = (hashes % np.uint64(max_parallelism)).astype(np.int32)
+        else:
+            per_value = key_groups_of(values, max_parallelism)
         return per_value[keys.codes]
     array = np.asarray(keys)
     hashes = _stable_hashes(array.reshape(-1))

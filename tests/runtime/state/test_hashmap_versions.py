@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
-from sparkpoint.state import canonical, changelog
-from sparkpoint.state.backend import SavedVersion, StateInfo
+from sparkpoint.state import changelog, changelog_delta
+from sparkpoint.state.backend import DELETED, SavedVersion, StateInfo
 from sparkpoint.state.descriptors import (
     ListStateDescriptor,
     NoCurrentKeyError,
@@ -129,8 +129,10 @@ def test_a_delta_version_reopens_as_the_live_state_and_rolls_back(
     assert delta * 20 < base  # about 1% of the keys changed
     assert v1 == SavedVersion(base + _size(store, "v1.chain"))  # no durable copies
     assert v2 == SavedVersion(delta + _size(store, "v2.chain"))
-    decoded = canonical.decode_snapshot(_read(store, "v2.delta"), "v2.delta")
-    assert decoded.changelog and decoded.entry_count == 33  # 10 x 3 states, k10 x 2, new-e2
+    decoded = changelog_delta.decode_delta(_read(store, "v2.delta"), "v2.delta")
+    entries = list(decoded.entries(backend.key_group_range))
+    assert len(entries) == 33  # 10 x 3 states, k10 x 2, new-e2
+    assert sum(value is DELETED for *_, value in entries) == 2  # k10's events and count
 
     reopened = _reopen(store, "v2")
     assert reopened is not backend
@@ -344,8 +346,8 @@ def test_damaged_versions_are_refused_by_name(store: MemoryVersionStore) -> None
     with pytest.raises(CorruptSnapshotError) as info:
         _reopen(store, "v2")
     assert str(info.value) == (
-        f"{os.path.join(store.local_dir, 'v2.delta')} is not a valid canonical keyed state "
-        "snapshot: the body's CRC-32 does not match (altered)"
+        f"{os.path.join(store.local_dir, 'v2.delta')} is not a valid working-state delta: "
+        "the body's CRC-32 does not match (altered)"
     )
 
     os.remove(os.path.join(store.local_dir, "v1.base"))

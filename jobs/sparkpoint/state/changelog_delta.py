@@ -1,0 +1,219 @@
+"""A subtask's working state, or an epoch's changes to it, a column per state: cheap to write.
+
+The changelog (:mod:`sparkpoint.state.changelog`) writes a base and then one delta per epoch
+in this format; only the same subtask reads them back (the same key-group range, to rebuild
+its working state in another Python worker or after a failed epoch), so they need none of a
+snapshot's key-group blocks: each is one msgpack document after a fixed prefix, checked by a
+CRC-32::
+
+    "SPCD" | version u16 | body length u64 | body CRC-32 u32 | body (msgpack)
+
+The body holds the writer's max parallelism and key-group range, the channel watermarks, and
+per state its kind, its serializer's name and two columns: the keys (msgpack strings when
+every key is a ``str``, else :func:`~sparkpoint.state.serializers.encode_key` bytes) and the
+values (:func:`~sparkpoint.state.serializers.encode_value` bytes through the state's declared
+serializer, nil for a removed entry; a fixed-width serializer's values as one buffer). Nothing
+is sorted or hashed when writing: the key groups are computed only when a delta is read.
+
+Checkpoints and savepoints never use this format (they are canonical snapshots).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from sparkpoint.errors import CorruptSnapshotError
+from sparkpoint.state.backend import StateInfo
+from sparkpoint.state.canonical_codec import (
+    EntryColumns,
+    decode_keys,
+    decode_values,
+    encode_keys,
+    encode_values,
+    encoded_entries,
+)
+from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of
+from sparkpoint.state.serializers import Float64Serializer, Int64Serializer, serializer_named
+
+MAGIC = b"SPCD"
+VERSION = 1
+_PREFIX = struct.Struct(">4sHQI")
+# Serializers whose values are one fixed-width number: written as one array buffer.
+_ARRAYS = {Int64Serializer: "<i8", Float64Serializer: "<f8"}
+
+
+def is_delta(blob: bytes | bytearray | memoryview) -> bool:
+    """Whether ``blob`` starts as a columnar delta does."""
+    return bytes(blob[: len(MAGIC)]) == MAGIC
+
+
+def encode_delta(
+    states: Mapping[str, StateInfo],
+    changes: Mapping[str, Mapping[Any, Any]],
+    *,
+    max_parallelism: int,
+    key_group_range: KeyGroupRange,
+    watermarks: Mapping[int, int],
+) -> bytes:
+    """The delta of ``changes`` (state name -> key -> value, ``DELETED`` for a removed key)
+    to the registered ``states`` (each recorded, changed or not).
+
+    Raises:
+        ConfigurationError: a key or value that its state's serializer cannot write.
+    """
+    columns = []
+    for name, info in states.items():
+        table = changes.get(name, {})
+        serializer = serializer_named(info.serializer, f"state {name!r}")
+        keys = list(table)
+        values = list(table.values())
+        as_str = set(map(type, keys)) == {str}
+        dtype, packed = _array_of(info.kind, serializer, values)
+        if dtype is None:
+            packed = _encoded_values(states, name, serializer, table)
+        encoded_keys = keys if as_str else encode_keys(keys)
+        columns.append([name, info.kind, info.serializer, as_str, encoded_keys, dtype, packed])
+    body = msgpack.packb(
+        {
+            "max_parallelism": max_parallelism,
+            "key_group_range": [key_group_range.start, key_group_range.end],
+            "watermarks": [[int(c), int(w)] for c, w in sorted(watermarks.items())],
+            "states": columns,
+        },
+        use_bin_type=True,
+    )
+    return _PREFIX.pack(MAGIC, VERSION, len(body), zlib.crc32(body)) + body
+
+
+def tables_of(entries: Iterable[tuple[int, str, Any, Any]]) -> Mapping[str, Mapping[Any, Any]]:
+    """State name -> key -> value of a backend's :meth:`entries` (a hashmap's own tables
+    when they come as columns)."""
+    if isinstance(entries, EntryColumns):
+        return entries.tables
+    tables: dict[str, dict[Any, Any]] = {}
+    for _, name, key, value in entries:
+        tables.setdefault(name, {})[key] = value
+    return tables
+
+
+def _encoded_values(
+    states: Mapping[str, StateInfo], name: str, serializer: Any, table: Mapping[Any, Any]
+) -> list[Any]:
+    """The values of ``table`` through the state's serializer; a value it refuses is named
+    (key, state, serializer) as a snapshot names it."""
+    kind = states[name].kind
+    try:
+        return encode_values(kind, serializer, list(table.values()))
+    except Exception:
+        entries = ((0, name, key, value) for key, value in table.items())
+        for _ in encoded_entries({name: (kind, serializer)}, states, entries):
+            pass
+        raise
+
+
+def _array_of(kind: str, serializer: Any, values: list[Any]) -> tuple[str | None, Any]:
+    """The values of a fixed-width serializer as one buffer (all of exactly its type, none
+    removed), else ``(None, None)``."""
+    dtype = _ARRAYS.get(type(serializer)) if kind == "value" else None
+    if dtype is None or set(map(type, values)) != {int if dtype == "<i8" else float}:
+        return None, None
+    try:
+        return dtype, np.array(values, dtype=dtype).tobytes()
+    except OverflowError:  # the serializer names the value
+        return None, None
+
+
+@dataclass
+class Delta:
+    """A checked delta (from :func:`decode_delta`)."""
+
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    watermarks: dict[int, int]
+    states: dict[str, StateInfo]
+    where: str
+    _columns: list[list[Any]] = field(default_factory=list, repr=False)
+
+    def entries(self, key_group_range: KeyGroupRange) -> Iterator[tuple[int, str, Any, Any]]:
+        """``(key group, state name, key, value)`` of the keys in ``key_group_range``, a
+        removed key's value being :data:`~sparkpoint.state.backend.DELETED`.
+
+        Raises:
+            CorruptSnapshotError: keys or values that do not decode (naming the file).
+        """
+        for name, kind, serializer_name, as_str, keys, dtype, packed in self._columns:
+            try:
+                serializer = serializer_named(serializer_name, self.where)
+                if not as_str:
+                    keys = decode_keys(keys)
+                if dtype is not None:
+                    values = np.frombuffer(packed, dtype=dtype).tolist()
+                else:
+                    values = decode_values(kind, serializer, packed)
+                if len(values) != len(keys):
+                    raise ValueError(f"{len(keys)} keys but {len(values)} values")
+                array = np.fromiter(keys, dtype=object, count=len(keys))
+                groups = key_groups_of(array, self.max_parallelism).tolist()
+            except CorruptSnapshotError:
+                raise
+            except Exception as err:
+                raise CorruptSnapshotError(
+                    f"{self.where}: the entries of state {name!r} do not decode: {err!r}"
+                ) from err
+            for group, key, value in zip(groups, keys, values, strict=True):
+                if group in key_group_range:
+                    yield group, name, key, value
+
+
+def decode_delta(blob: bytes | bytearray | memoryview, where: str) -> Delta:
+    """Check a delta's prefix and checksum and read its document.
+
+    Raises:
+        CorruptSnapshotError: a wrong magic or version, a truncated or altered delta, or a
+            document of the wrong structure; the message names ``where`` and the problem.
+    """
+    view = memoryview(blob).cast("B")
+
+    def corrupt(problem: str) -> CorruptSnapshotError:
+        return CorruptSnapshotError(f"{where} is not a valid working-state delta: {problem}")
+
+    if len(view) < _PREFIX.size:
+        raise corrupt(f"{len(view)} bytes, shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, size, crc = _PREFIX.unpack_from(view)
+    if magic != MAGIC or version != VERSION:
+        raise corrupt(f"starts with {magic!r} version {version}, expected {MAGIC!r} {VERSION}")
+    body = view[_PREFIX.size :]
+    if len(body) != size:
+        raise corrupt(f"the body is {len(body)} bytes, the prefix says {size}")
+    if zlib.crc32(body) != crc:
+        raise corrupt("the body's CRC-32 does not match (altered)")
+    try:
+        doc = msgpack.unpackb(body, raw=False)
+        start, end = doc["key_group_range"]
+        columns = [list(column) for column in doc["states"]]
+        states = {
+            str(name): StateInfo(str(name), kind, str(serializer))
+            for name, kind, serializer, *_ in columns
+        }
+        if any(len(column) != 7 for column in columns):
+            raise ValueError("a state's column list is not [name, kind, serializer, ...]")
+        return Delta(
+            int(doc["max_parallelism"]),
+            KeyGroupRange(int(start), int(end)),
+            {int(c): int(w) for c, w in doc["watermarks"]},
+            states,
+            where,
+            columns,
+        )
+    except Exception as err:  # a damaged document can raise several kinds
+        raise corrupt(f"malformed document: {err!r}") from err
+
+
+__all__ = ["MAGIC", "Delta", "decode_delta", "encode_delta", "is_delta", "tables_of"]
