@@ -432,6 +432,16 @@ class KeyedStateBackend(abc.ABC):
             else:
                 table[key] = value
 
+    def load_columns(self, name: str, keys: list[Any], values: list[Any]) -> None:
+        """Like :meth:`load`, for keys of state ``name`` (registered before) that are all in
+        this backend's key-group range, and their values (``DELETED`` removes the key)."""
+        table = self._table(name)
+        for key, value in zip(keys, values, strict=True):
+            if value is DELETED:
+                table.pop(key, None)
+            else:
+                table[key] = value
+
     # ------------------------------------------------------------------------- changes
 
     @abc.abstractmethod

@@ -162,7 +162,10 @@ def open_version(
         check_max_parallelism(snap.max_parallelism, backend.max_parallelism, entry["name"])
         for info in snap.states.values():
             register(backend, info, entry["name"])
-        backend.load(snap.entries(backend.key_group_range))
+        if isinstance(snap, changelog_delta.Delta):
+            snap.load_into(backend)
+        else:
+            backend.load(snap.entries(backend.key_group_range))
         backend.channel_watermarks = dict(snap.watermarks)
     backend.take_changes()  # what was loaded is not a change of the next epoch
     return backend

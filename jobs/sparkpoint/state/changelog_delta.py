@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 
 from sparkpoint.errors import CorruptSnapshotError
-from sparkpoint.state.backend import StateInfo
+from sparkpoint.state.backend import KeyedStateBackend, StateInfo
 from sparkpoint.state.canonical_codec import (
     EntryColumns,
     decode_keys,
@@ -148,6 +148,29 @@ class Delta:
         Raises:
             CorruptSnapshotError: keys or values that do not decode (naming the file).
         """
+        for name, groups, keys, values in self._decoded():
+            inside = (groups >= key_group_range.start) & (groups <= key_group_range.end)
+            for i in np.flatnonzero(inside).tolist():
+                yield int(groups[i]), name, keys[i], values[i]
+
+    def load_into(self, backend: KeyedStateBackend) -> None:
+        """Load the entries of ``backend``'s key groups into it, a state's column at a time
+        (the states registered before).
+
+        Raises:
+            CorruptSnapshotError: as :meth:`entries`.
+        """
+        kg = backend.key_group_range
+        for name, groups, keys, values in self._decoded():
+            inside = (groups >= kg.start) & (groups <= kg.end)
+            if not inside.all():
+                positions = np.flatnonzero(inside).tolist()
+                keys = [keys[i] for i in positions]
+                values = [values[i] for i in positions]
+            backend.load_columns(name, keys, values)
+
+    def _decoded(self) -> Iterator[tuple[str, np.ndarray, list[Any], list[Any]]]:
+        """Per state: its name, the key group of each key, the keys and the values."""
         for name, kind, serializer_name, as_str, keys, dtype, packed in self._columns:
             try:
                 serializer = serializer_named(serializer_name, self.where)
@@ -160,16 +183,14 @@ class Delta:
                 if len(values) != len(keys):
                     raise ValueError(f"{len(keys)} keys but {len(values)} values")
                 array = np.fromiter(keys, dtype=object, count=len(keys))
-                groups = key_groups_of(array, self.max_parallelism).tolist()
+                groups = key_groups_of(array, self.max_parallelism)
             except CorruptSnapshotError:
                 raise
             except Exception as err:
                 raise CorruptSnapshotError(
                     f"{self.where}: the entries of state {name!r} do not decode: {err!r}"
                 ) from err
-            for group, key, value in zip(groups, keys, values, strict=True):
-                if group in key_group_range:
-                    yield group, name, key, value
+            yield name, groups, keys, values
 
 
 def decode_delta(blob: bytes | bytearray | memoryview, where: str) -> Delta:

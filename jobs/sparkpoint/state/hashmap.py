@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import operator
 import sys
 import threading
 from collections.abc import Iterable
@@ -232,6 +233,17 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                     dict.pop(table, key, None)
                 else:
                     dict.__setitem__(table, key, value)
+
+    def load_columns(self, name: str, keys: list[Any], values: list[Any]) -> None:
+        table = self._tables[name]
+        if not any(map(operator.is_, values, itertools.repeat(DELETED))):
+            dict.update(table, zip(keys, values, strict=True))
+            return
+        for key, value in zip(keys, values, strict=True):
+            if value is DELETED:
+                dict.pop(table, key, None)
+            else:
+                dict.__setitem__(table, key, value)
 
     def take_changes(self) -> ChangeSet:
         changes: dict[str, dict[Any, Any]] = {}

@@ -17,6 +17,7 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.state import backends as backend_registry
 from sparkpoint.state import canonical
 from sparkpoint.state.backend import DELETED, KeyedStateBackend, StateInfo
+from sparkpoint.state.changelog_delta import decode_delta, encode_delta
 from sparkpoint.state.descriptors import (
     ListStateDescriptor,
     NoCurrentKeyError,
@@ -456,3 +457,32 @@ def test_restored_serializer_is_kept(backends: Backends, backend: KeyedStateBack
         restored.get_state(ValueStateDescriptor("total"))  # pickle, by default
     restored.set_current_key("a")
     assert restored.get_state(ValueStateDescriptor("total", serializer="int64")).value() == 7
+
+
+# ----------------------------------------------------------------------------- working state
+
+
+def test_a_columnar_delta_loads_only_this_backends_key_groups(backends: Backends) -> None:
+    low = KeyGroupRange(0, 63)
+    backend = backends.create(low)
+    backend.get_state(ValueStateDescriptor("count", default=0, serializer="int64"))
+    backend.get_state(ListStateDescriptor("events"))
+    keys = [f"user-{i}" for i in range(200)]
+    counts: dict[Any, Any] = {key: i for i, key in enumerate(keys)}
+    removed = [key for key in keys if key_group_for(key, 128) in low][:3]
+    for key in removed:
+        counts[key] = DELETED  # removes a key loaded from an earlier file
+    blob = encode_delta(
+        backend.state_infos,
+        {"count": counts, "events": {keys[5]: [1, "x"]}},
+        max_parallelism=128,
+        key_group_range=FULL,
+        watermarks={},
+    )
+    backend.load_columns("count", removed, [-1, -2, -3])
+    decode_delta(blob, "d").load_into(backend)
+    _write_back(backend)
+    mine = {k: v for k, v in counts.items() if key_group_for(k, 128) in low}
+    assert 50 < len(mine) < 150  # both halves had keys: the other half was skipped
+    assert _table(backend, "count") == {k: v for k, v in mine.items() if v is not DELETED}
+    assert _table(backend, "events") == ({keys[5]: [1, "x"]} if keys[5] in mine else {})
