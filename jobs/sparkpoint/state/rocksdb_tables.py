@@ -14,13 +14,17 @@ it holds more than ``cache_entries`` keys: mutate a value before touching the ta
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
+from itertools import repeat
 from typing import Any
 
+import numpy as np
 from rocksdict import Rdict, WriteBatch
 
 from sparkpoint.state.backend import StateInfo, key_outside_range
-from sparkpoint.state.key_groups import KeyGroupRange, stable_hash
+from sparkpoint.state.canonical_codec import encode_keys, encode_values
+from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
 from sparkpoint.state.rocksdb_store import iter_raw, multi_get, state_prefix, successor
 from sparkpoint.state.serializers import (
     decode_key,
@@ -89,6 +93,41 @@ class RocksDBStateTable:
                 key, key_group, self._range, self._max_parallelism, self.info.name
             )
         return key_group.to_bytes(2, "big") + self._prefix + encode_key(key)
+
+    def db_keys_of(self, keys: list[Any]) -> list[bytes]:
+        """:meth:`db_key` of every key of ``keys``, at once (key groups hashed in numpy, str
+        keys encoded in one pass).
+
+        Raises:
+            KeyGroupOutOfRangeError: for the first key whose key group is not in the range.
+        """
+        if not keys:
+            return []
+        array = np.fromiter(keys, dtype=object, count=len(keys))
+        groups = key_groups_of(array, self._max_parallelism)
+        start, end = self._range.start, self._range.end
+        outside = np.flatnonzero((groups < start) | (groups > end))
+        if len(outside):
+            first = int(outside[0])
+            raise key_outside_range(
+                keys[first],
+                int(groups[first]),
+                self._range,
+                self._max_parallelism,
+                self.info.name,
+            )
+        heads = [g.to_bytes(2, "big") + self._prefix for g in range(start, end + 1)]
+        head_of = map(heads.__getitem__, (groups - start).tolist())
+        return list(map(bytes.__add__, head_of, encode_keys(keys)))
+
+    def _db_keys_cached(self, keys: list[Any]) -> list[bytes]:
+        """:meth:`db_keys_of`, taking the RocksDB keys of cached keys from the cache."""
+        known: list[Any] = list(map(self._db_keys.get, keys))
+        unknown = [i for i, db_key in enumerate(known) if db_key is None]
+        computed = self.db_keys_of([keys[i] for i in unknown])
+        for i, db_key in zip(unknown, computed, strict=True):
+            known[i] = db_key
+        return known
 
     def decode(self, data: bytes) -> Any:
         """A stored value of this state, decoded."""
@@ -162,7 +201,7 @@ class RocksDBStateTable:
         cache = self._cache
         missing = [key for key in dict.fromkeys(keys) if key not in cache]
         if missing:
-            db_keys = [self.db_key(key) for key in missing]
+            db_keys = self.db_keys_of(missing)
             stored = multi_get(self._db, db_keys)
             for key, db_key, data in zip(missing, db_keys, stored, strict=True):
                 cache[key] = _NOT_FOUND if data is None else self.decode(data)
@@ -177,9 +216,8 @@ class RocksDBStateTable:
         """Set ``keys[i]`` to ``values[i]`` for every i: written to RocksDB now, in batches of
         about :data:`WRITE_BATCH_BYTES` (RocksDB switches to a new memtable between batches, so
         full ones are flushed in the background while the rest is encoded), and cached clean
-        (a later read hands the value out and makes it dirty again). Every key is checked
-        before anything is written; a value that fails to encode leaves the batches before it
-        written (the epoch fails, and its working state is discarded)."""
+        (a later read hands the value out and makes it dirty again). Every key is checked and
+        every value encoded before anything is written."""
         if len(keys) != len(values):
             raise ValueError(
                 f"put_many on keyed state {self.info.name!r}: {len(keys)} keys, "
@@ -188,16 +226,19 @@ class RocksDBStateTable:
         self._maybe_flush()
         db_keys, cache = self._db_keys, self._cache
         kind, serializer = self._kind, self._serializer
-        encoded_keys = [db_keys.get(key) or self.db_key(key) for key in keys]
+        encoded_keys = self._db_keys_cached(keys)
+        if any(map(operator.is_, values, repeat(None))):
+            datas = [None if v is None else encode_value(kind, serializer, v) for v in values]
+        else:
+            datas = encode_values(kind, serializer, values)
         batch, size = WriteBatch(raw_mode=True), 0
-        for key, db_key, value in zip(keys, encoded_keys, values, strict=True):
+        for key, db_key, value, data in zip(keys, encoded_keys, values, datas, strict=True):
             db_keys[key] = db_key
-            if value is None:
+            if data is None:
                 batch.delete(db_key)
                 cache[key] = _NOT_FOUND
                 size += len(db_key)
             else:
-                data = encode_value(kind, serializer, value)
                 batch.put(db_key, data)
                 cache[key] = value
                 size += len(db_key) + len(data)

@@ -287,6 +287,21 @@ def test_get_many_and_put_many(backend: KeyedStateBackend) -> None:
         counts.put_many(["a", "b"], [1])
 
 
+def test_batch_writes_of_every_key_kind(backends: Backends) -> None:
+    """Keys of every kind written and read in batches as one by one."""
+    low = KeyGroupRange(0, 63)
+    backend = backends.create(low)
+    backend.get_state(COUNT)
+    counts = backend.table("count")
+    mine = [key for key in KEYS if key_group_for(key, 128) in low]
+    counts.put_many(mine, list(range(len(mine))))
+    _write_back(backend)
+    assert counts.get_many(mine, -1) == list(range(len(mine)))
+    for i, key in enumerate(mine):
+        backend.set_current_key(key)
+        assert backend.get_state(COUNT).value() == i
+
+
 def test_raw_table_writes_are_seen_by_the_state(backend: KeyedStateBackend) -> None:
     backend.get_state(COUNT)
     counts = backend.table("count")

@@ -77,6 +77,26 @@ def test_put_many_of_none_removes_and_a_length_mismatch_is_named(
     assert _table(backend, "count") == {"k1": 2}  # refused before anything is written
 
 
+def test_a_batch_with_a_key_of_another_key_group_is_refused_before_any_write(
+    tmp_path: Path,
+) -> None:
+    low = KeyGroupRange(0, 63)
+    backend = RocksDBKeyedStateBackend(128, low, db_dir=str(tmp_path / "db"))
+    try:
+        backend.get_state(COUNT)
+        counts = backend.table("count")
+        keys = [f"k{i}" for i in range(50)]
+        mine = [k for k in keys if key_group_for(k, 128) in low]
+        other = next(k for k in keys if key_group_for(k, 128) not in low)
+        with pytest.raises(KeyGroupOutOfRangeError, match=f"given key '{other}' of key group"):
+            counts.put_many([*mine, other], [1] * (len(mine) + 1))
+        with pytest.raises(KeyGroupOutOfRangeError, match=f"given key '{other}' of key group"):
+            counts.get_many([mine[0], other], -1)
+        assert _table(backend, "count") == {}  # nothing of the refused batch was written
+    finally:
+        backend.close()
+
+
 def test_cache_is_flushed_when_it_grows(tmp_path: Path) -> None:
     backend = RocksDBKeyedStateBackend(128, FULL, db_dir=str(tmp_path / "db"), cache_entries=10)
     events = backend.get_state(EVENTS)
