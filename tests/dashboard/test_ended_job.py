@@ -1,5 +1,5 @@
 """A FINISHED, CANCELED or FAILED job: actions and forms disabled with the reason; the restore
-dropdown keeps its value while the retained set changes."""
+dropdown keeps its value while the retained set changes, and says when the value went."""
 
 from __future__ import annotations
 
@@ -26,19 +26,41 @@ def test_a_job_that_runs_or_may_run_again_can_be_steered(state: str | None) -> N
 
 
 def candidates(*values: str) -> dict[str, dict[str, object]]:
-    return {v: {"id": int(v.split(":")[1])} for v in values}
+    return {
+        v: {
+            "id": int(v.split(":")[1]),
+            "savepoint": v.startswith("savepoint"),
+            "time": 0,
+            "size": 1,
+        }
+        for v in values
+    }
 
 
-def test_the_restore_choice_survives_new_options_while_it_is_retained() -> None:
-    kept = actions.restore_value_kept("savepoint:4", candidates("checkpoint:9", "savepoint:4"))
-    assert kept == ("savepoint:4", None)
-    assert actions.restore_value_kept(None, candidates("checkpoint:9")) == (None, None)
+def test_the_restore_options_are_the_retained_set_while_the_choice_is_in_it() -> None:
+    retained = candidates("checkpoint:9", "savepoint:4")
+    for chosen in ("savepoint:4", None):
+        assert actions.restore_select(chosen, retained) == (
+            actions.restore_options(retained),
+            None,
+        )
 
 
-def test_a_choice_that_was_subsumed_is_cleared_with_a_note() -> None:
-    value, note = actions.restore_value_kept("checkpoint:3", candidates("checkpoint:9"))
-    assert value is None
-    assert note is not None and note.startswith("checkpoint 3 is no longer retained")
+def test_a_subsumed_choice_stays_disabled_marked_gone_with_a_note() -> None:
+    """Kept in the options, so the dropdown does not clear it without a word."""
+    options, note = actions.restore_select("checkpoint:3", candidates("checkpoint:9"))
+    assert options == [
+        *actions.restore_options(candidates("checkpoint:9")),
+        {"label": "#3 checkpoint · no longer retained", "value": "checkpoint:3", "disabled": True},
+    ]
+    assert note == (
+        "checkpoint 3 is no longer retained (newer checkpoints subsumed it): choose another one."
+    )
+    options, note = actions.restore_select("savepoint:4", {})
+    assert options == [
+        {"label": "#4 savepoint · no longer retained", "value": "savepoint:4", "disabled": True}
+    ]
+    assert note == "savepoint 4 is no longer retained: choose another one."
 
 
 def test_restart_form_choices_and_inputs_can_be_disabled() -> None:
@@ -81,5 +103,14 @@ def test_the_ended_store_disables_every_action_and_form_control(app: Dash) -> No
     assert {f"{c}.disabled" for c in controls} <= written
     assert {f"{ids.ACT_ENDED_NOTE}.children", f"{ids.CFG_ENDED_NOTE}.children"} <= written
     assert {f"{ids.RS_TYPE}.options", f"{ids.RS_PARAMS}.children"} <= written
-    # The restore choices' callback writes the dropdown's value with its options.
-    assert f"{ids.ACT_RESTORE_SELECT}.value" in outputs_of(app, ids.REFRESH)
+
+
+def test_only_a_choice_sets_the_restore_dropdowns_value(app: Dash) -> None:
+    """A callback that wrote the value would write the one it read when it started: a refresh
+    (it takes a while) would undo a choice made meanwhile. The options follow the value as an
+    input, so a choice made while they are computed computes them again (Dash drops the older
+    answer) and they always hold the value shown."""
+    writers = [key for key in app.callback_map if f"{ids.ACT_RESTORE_SELECT}.value" in key]
+    assert writers == []
+    assert f"{ids.ACT_RESTORE_SELECT}.options" in outputs_of(app, ids.ACT_RESTORE_SELECT)
+    assert f"{ids.ACT_RESTORE_SELECT}.options" not in outputs_of(app, ids.REFRESH)

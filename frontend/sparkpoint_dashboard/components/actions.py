@@ -35,6 +35,7 @@ BUTTONS = {
 NO_CHOICE = "Choose a checkpoint or savepoint to restore first."
 HISTORY_LIMIT = 200  # newest checkpoints read to find the restorable ones
 DEFAULT_DIR = "the control plane's default savepoint directory"
+GONE = " · no longer retained"  # ends the label of a chosen restore point that went
 ENDED = ("FINISHED", "CANCELED", "FAILED")  # Flink's globally terminal job statuses
 
 
@@ -52,21 +53,6 @@ def ended_reason(state: str | None) -> str | None:
         "cannot be stopped, canceled, restored or reconfigured. To run it again, start it anew "
         "from one of its savepoints or retained checkpoints "
         "(sparkpoint run JOB.py --from-checkpoint PATH)."
-    )
-
-
-def restore_value_kept(
-    chosen: str | None, candidates: dict[str, dict[str, Any]]
-) -> tuple[str | None, str | None]:
-    """The dropdown's value after the retained set changed: the same choice while it is still
-    restorable, else nothing and a note that says which one went (a newer checkpoint subsumed
-    it, or it was discarded)."""
-    if not chosen or chosen in candidates:
-        return chosen, None
-    what = chosen.replace(":", " ")
-    return (
-        None,
-        f"{what} is no longer retained (newer checkpoints subsumed it): choose another one.",
     )
 
 
@@ -110,6 +96,27 @@ def restore_options(candidates: dict[str, dict[str, Any]]) -> list[dict[str, str
         label = f"#{c['id']} {what} · {clock} UTC · {fmt_bytes(c['size'])}"
         options.append({"label": label, "value": value})
     return options
+
+
+def restore_select(
+    chosen: str | None, candidates: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The restore dropdown's options and note for the restore points ``candidates`` while
+    the dropdown's value is ``chosen``. The value is the user's: nothing but a choice sets it.
+
+    While ``chosen`` is restorable the options are :func:`restore_options`. Once it is not (a
+    newer checkpoint subsumed it), it stays in the options, disabled, labelled
+    ``"#3 checkpoint · no longer retained"``, and the note says that it went: a Dash dropdown
+    clears a value missing from its options without a word. Restore refuses it
+    (:func:`plan_action`) until another one is chosen or the choice is cleared.
+    """
+    options: list[dict[str, Any]] = list(restore_options(candidates))
+    if not chosen or chosen in candidates:
+        return options, None
+    kind, _, cp_id = chosen.partition(":")
+    options.append({"label": f"#{cp_id} {kind}{GONE}", "value": chosen, "disabled": True})
+    why = " (newer checkpoints subsumed it)" if kind == "checkpoint" else ""
+    return options, f"{kind} {cp_id} is no longer retained{why}: choose another one."
 
 
 # ----------------------------------------------------------------------------- planning
@@ -326,40 +333,40 @@ def _now_ms() -> int:
 
 def register(app: Dash, client: ApiClient) -> None:
     @app.callback(
-        Output(ids.ACT_RESTORE_SELECT, "options"),
         Output(ids.ACT_RESTORE_CHOICES, "data"),
-        Output(ids.ACT_RESTORE_SELECT, "value"),
-        Output(ids.ACT_RESTORE_NOTE, "children"),
         Input(ids.REFRESH, "n_intervals"),
         Input(ids.ROUTE, "data"),
         State(ids.TOKEN_INPUT, "value"),
         State(ids.ACT_RESTORE_CHOICES, "data"),
-        State(ids.ACT_RESTORE_SELECT, "value"),
     )
     def _restore_choices(
-        _n: int | None,
-        route: dict[str, Any] | None,
-        token: str | None,
-        shown: Any,
-        chosen: str | None,
+        _n: int | None, route: dict[str, Any] | None, token: str | None, shown: Any
     ) -> Any:
-        unchanged = (no_update,) * 4
+        # Only the restore points: a value written from here would be the one read when the
+        # refresh started, and would undo a choice made while it ran.
         if not route or not route.get("job_id"):
-            return unchanged
+            return no_update
         answer, _error = fetch(lambda: client.checkpoints(route["job_id"], HISTORY_LIMIT, token))
         if answer is None:
-            return unchanged
+            return no_update
         latest = (answer.get("latest") or {}).get("savepoint")  # older than the history read
         history = [*(answer.get("history") or []), *([latest] if latest else [])]
         candidates = restore_candidates(history)
-        if candidates == shown:
-            return unchanged
-        # The value is written with the options, so the choice survives the new options.
-        value, note = restore_value_kept(chosen, candidates)
+        return no_update if candidates == shown else candidates
+
+    @app.callback(
+        Output(ids.ACT_RESTORE_SELECT, "options"),
+        Output(ids.ACT_RESTORE_NOTE, "children"),
+        Input(ids.ACT_RESTORE_CHOICES, "data"),
+        Input(ids.ACT_RESTORE_SELECT, "value"),
+        State(ids.ACT_RESTORE_SELECT, "options"),
+    )
+    def _restore_select(candidates: Any, chosen: str | None, shown: Any) -> Any:
+        # The value is an input, not a state: a choice made while this runs runs it again and
+        # Dash drops the older answer, so the options always hold the value shown.
+        options, note = restore_select(chosen, candidates or {})
         return (
-            restore_options(candidates),
-            candidates,
-            value,
+            no_update if options == shown else options,
             message(note, "warn") if note else None,
         )
 

@@ -288,6 +288,29 @@ class DashboardPage:
             element.send_keys(Keys.ESCAPE)
         return values
 
+    def dropdown_state(self, element_id: str, note_id: str) -> tuple[dict[str, str], str, str]:
+        """A dcc.Dropdown's options (value to label, in order), the label it shows as chosen and
+        the text of ``#note_id``, read at once so that a refresh cannot come between them
+        (opens and closes the dropdown)."""
+        self.by_id(element_id).click()
+        try:
+            options, label, note = self.wait(
+                f"the options of #{element_id}",
+                lambda: self.driver.execute_script(
+                    "const options = [...document.querySelectorAll(arguments[0])]"
+                    "  .map(o => [o.querySelector('input').value, o.innerText.trim()]);"
+                    "const text = id => (document.getElementById(id) || {}).innerText || '';"
+                    "return options.length && [options, text(arguments[1]), text(arguments[2])];",
+                    ".dash-dropdown-options [role=option]",
+                    f"{element_id}-value",
+                    note_id,
+                ),
+                timeout_s=10,
+            )
+        finally:
+            self.by_id(element_id).send_keys(Keys.ESCAPE)
+        return dict(options), str(label).strip(), str(note).strip()
+
     def alert_open(self, timeout_s: float = 2.0) -> bool:
         """Whether a confirmation dialog opens within ``timeout_s``."""
         try:
@@ -302,6 +325,14 @@ class DashboardPage:
         alert = self.driver.switch_to.alert
         text = str(alert.text)
         alert.accept()
+        return text
+
+    def dismiss(self, timeout_s: float = 10.0) -> str:
+        """Cancel the confirmation dialog that the last click opened; its text."""
+        WebDriverWait(self.driver, timeout_s).until(EC.alert_is_present())
+        alert = self.driver.switch_to.alert
+        text = str(alert.text)
+        alert.dismiss()
         return text
 
     # -- evidence ----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 One job serves every test, in this order: the pages show what the API says (jobs, a job's
 name shown as text even when it is markdown, overview, checkpoints, one checkpoint's
 timeline), a savepoint triggered from the page completes, an invalid restart strategy is
-refused without a change, and last a restore to a retained
+refused without a change, the restore choice stays while the retained set changes (and says
+when it goes), and last a restore to a retained
 checkpoint (it starts a new attempt, so it comes after the tests that read attempt 1). The
 browser console stays free of errors, and each page is saved to ``docs/screenshots/``. The very
 last test stops the control plane: the banner says so, the page keeps its data.
@@ -33,6 +34,7 @@ from .dashboard_page import HEIGHT, WIDTH, DashboardPage, pattern_id_xpath
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
 
 RS_ATTEMPTS = {"type": ids.RS_PARAM, "key": "restart-strategy.fixed-delay.attempts"}
+GONE = " · no longer retained"  # ends the label of a chosen restore point that went
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -52,6 +54,16 @@ def completed_ids(answer: dict[str, Any]) -> set[int]:
     return {h["id"] for h in answer["history"] if h["status"] == "COMPLETED"}
 
 
+def completed_retained(api: httpx.Client, job: Job) -> set[int]:
+    """The ids of the job's retained checkpoints (completed, not discarded)."""
+    history = checkpoints_answer(api, job)["history"]
+    return {
+        h["id"]
+        for h in history
+        if h["status"] == "COMPLETED" and not h.get("discarded") and not h.get("is_savepoint")
+    }
+
+
 def ensure_token(page: DashboardPage) -> None:
     """Type the control plane's token into the header (kept for the browser session)."""
     field = page.by_id(ids.TOKEN_INPUT)
@@ -66,6 +78,56 @@ def choose_restore(page: DashboardPage, checkpoint_id: int) -> None:
     page.choose(ids.ACT_RESTORE_SELECT, f"checkpoint:{checkpoint_id}")
     chosen = page.chosen_label(ids.ACT_RESTORE_SELECT)
     assert chosen.startswith(f"#{checkpoint_id} checkpoint · "), chosen
+
+
+def retained_checkpoints(page: DashboardPage) -> list[int]:
+    """The checkpoint ids the restore dropdown offers, newest first (a gone choice kept in it
+    excluded: its label says so)."""
+    options, _label, _note = page.dropdown_state(ids.ACT_RESTORE_SELECT, ids.ACT_RESTORE_NOTE)
+    return [
+        int(value.split(":")[1])
+        for value, label in options.items()
+        if value.startswith("checkpoint:") and not label.endswith(GONE)
+    ]
+
+
+def newest_retained(page: DashboardPage, api: httpx.Client, job: Job) -> int | None:
+    """The newest retained checkpoint the dropdown offers, once it is at most one behind the
+    API's (on a busy machine the page lags): it stays retained longest, 5 are kept and one
+    completes a second."""
+    offered = retained_checkpoints(page)
+    newest = max(completed_retained(api, job), default=None)
+    if not offered or newest is None or offered[0] < newest - 1:
+        return None
+    return offered[0]
+
+
+# Chooses ``arguments[1]`` in the open restore dropdown at the worst moment: while the answer
+# of a refresh that changes the retained set (the callback writing ``arguments[0]``) is on its
+# way back, its request sent before the choice. The answer is handed to Dash once the page
+# shows the choice.
+CHOOSE_DURING_A_REFRESH_JS = """
+const [output, value] = arguments;
+const realFetch = window.fetch;
+window.choiceMade = false;
+window.fetch = async (url, init) => {
+  const answer = await realFetch(url, init);
+  const body = JSON.parse((init && init.body) || '{}');
+  if (String(url).includes('_dash-update-component') && String(body.output).includes(output)
+      && answer.status === 200) {
+    const input = document.querySelector(
+      `.dash-dropdown-options [role=option] input[value="${value}"]`);
+    if (input) {
+      window.fetch = realFetch;
+      input.closest('label').click();
+      // The page shows the choice (two frames) before it takes the answer.
+      await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+      window.choiceMade = true;
+    }
+  }
+  return answer;
+};
+"""
 
 
 def choose_restart_type(page: DashboardPage, strategy: str) -> None:
@@ -357,6 +419,64 @@ def test_an_invalid_restart_strategy_is_refused_and_changes_nothing(
     assert api.get(f"/jobs/{job.id}/restart-strategy").json() == before
 
 
+def test_the_restore_choice_stays_while_the_retained_set_changes_and_says_when_it_goes(
+    page: DashboardPage, job: Job, api: httpx.Client
+) -> None:
+    """A checkpoint a second, 5 retained: the choice, made while a refresh of the retained set
+    is on its way, stays through new checkpoints; when it is subsumed it stays shown, marked
+    gone, with a note, and Restore refuses it."""
+    page.open(f"{job_path(job)}/checkpoints", ids.ACT_RESTORE_SELECT)
+    ensure_token(page)
+    checkpoint_id = page.wait(
+        "the newest retained checkpoint", partial(newest_retained, page, api, job)
+    )
+    page.by_id(ids.ACT_RESTORE_SELECT).click()  # open: the choice is clicked from the list
+    page.driver.execute_script(
+        CHOOSE_DURING_A_REFRESH_JS, f"{ids.ACT_RESTORE_CHOICES}.data", f"checkpoint:{checkpoint_id}"
+    )
+    page.wait(
+        "the choice made during a refresh",
+        lambda: page.driver.execute_script("return window.choiceMade"),
+    )
+    chosen = page.chosen_label(ids.ACT_RESTORE_SELECT)
+    assert chosen.startswith(f"#{checkpoint_id} checkpoint · "), chosen
+    # What Restore would send is the choice shown (not only a label left on screen).
+    page.by_id(ids.ACT_RESTORE).click()
+    assert page.dismiss().startswith(f"Restore job {job.id} from checkpoint {checkpoint_id}, ")
+
+    gone = f"#{checkpoint_id} checkpoint{GONE}"
+    sets_kept_through: set[tuple[int, ...]] = set()
+
+    def subsumed() -> bool:
+        """One look at the dropdown (its options, its label and the note read at once): the
+        choice while it is retained, then the choice marked gone; never anything else."""
+        options, label, note = page.dropdown_state(ids.ACT_RESTORE_SELECT, ids.ACT_RESTORE_NOTE)
+        retained = tuple(
+            int(v.split(":")[1])
+            for v, text in options.items()
+            if v.startswith("checkpoint:") and not text.endswith(GONE)
+        )
+        if checkpoint_id in retained:
+            assert (label, note) == (chosen, ""), f"the choice changed to {label!r} ({note!r})"
+            sets_kept_through.add(retained)
+            return False
+        assert label == gone, f"checkpoint {checkpoint_id} went; the dropdown shows {label!r}"
+        return bool(note)
+
+    # Subsumed once 5 newer ones completed: still shown, marked gone, with a note saying so.
+    page.wait(f"checkpoint {checkpoint_id} to be subsumed", subsumed)
+    assert len(sets_kept_through) >= 2, sets_kept_through  # it stayed while the set changed
+    assert checkpoint_id not in completed_retained(api, job)
+    assert page.text(ids.ACT_RESTORE_NOTE) == (
+        f"checkpoint {checkpoint_id} is no longer retained (newer checkpoints subsumed it): "
+        "choose another one."
+    )
+    page.by_id(ids.ACT_RESTORE).click()
+    refused = f"checkpoint {checkpoint_id} is no longer retained: choose another one."
+    page.wait("Restore to refuse it", lambda: page.text(ids.ACT_FEEDBACK) == refused)
+    assert not page.alert_open(timeout_s=0)
+
+
 def test_a_restore_to_a_retained_checkpoint_from_the_page_completes(
     page: DashboardPage, job: Job, api: httpx.Client
 ) -> None:
@@ -364,13 +484,9 @@ def test_a_restore_to_a_retained_checkpoint_from_the_page_completes(
     page.open(f"{job_path(job)}/checkpoints", ids.ACT_RESTORE_SELECT)
     ensure_token(page)
 
-    def newest_retained() -> int | None:
-        values = page.options(ids.ACT_RESTORE_SELECT)
-        checkpoints = [int(v.split(":")[1]) for v in values if v.startswith("checkpoint:")]
-        return max(checkpoints) if checkpoints else None
-
-    # The newest retained one stays retained longest (5 are kept, one completes a second).
-    checkpoint_id = page.wait("a retained checkpoint to restore", newest_retained)
+    checkpoint_id = page.wait(
+        "the newest retained checkpoint to restore", partial(newest_retained, page, api, job)
+    )
     choose_restore(page, checkpoint_id)
     page.by_id(ids.ACT_RESTORE).click()
     text = page.confirm()

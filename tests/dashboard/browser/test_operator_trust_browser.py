@@ -327,7 +327,7 @@ def test_every_grid_cell_shows_its_whole_text_on_hover(page: DashboardPage, hist
     assert page.errors() == []
 
 
-def test_the_restore_choice_survives_a_new_checkpoint_and_goes_when_subsumed(
+def test_the_restore_choice_survives_a_new_checkpoint_and_is_marked_gone_when_subsumed(
     page: DashboardPage, history: None, sessions: sessionmaker[Session]
 ) -> None:
     page.open(job_path(STEERED), ids.ACT_RESTORE_SELECT)
@@ -359,5 +359,10 @@ def test_the_restore_choice_survives_a_new_checkpoint_and_goes_when_subsumed(
         s.commit()
     note = page.wait("the note", lambda: page.text(ids.ACT_RESTORE_NOTE))
     assert note.startswith("checkpoint 1 is no longer retained")
+    # Still shown, marked gone, not silently cleared; clearing it clears the note.
+    assert page.chosen_label(ids.ACT_RESTORE_SELECT) == "#1 checkpoint · no longer retained"
+    page.screenshot("restore-choice-gone")
+    page.by_id(ids.ACT_RESTORE_SELECT).find_element(By.CSS_SELECTOR, ".dash-dropdown-clear").click()
+    page.wait("the note to go", lambda: page.text(ids.ACT_RESTORE_NOTE) == "")
     assert page.chosen_label(ids.ACT_RESTORE_SELECT) == "checkpoint or savepoint to restore"
     assert page.errors() == []
