@@ -18,8 +18,14 @@ $(VENV)/.installed: pyproject.toml
 # those (end-to-end, browser, chaos, cluster, fuzz); CI runs both. `make test-spark-matrix`
 # runs each failure point of the exactly-once matrices on Spark (make test runs them in
 # process); it is left out of CI to keep CI under 30 minutes.
+# `make test` runs in TEST_WORKERS pytest-xdist processes (one SparkSession each;
+# TEST_WORKERS=0: one process). Many tests wait (for Spark, Redis, PostgreSQL, a subprocess),
+# so a worker keeps less than a core busy. worksteal hands each worker a contiguous share of the tests
+# and moves tests only when a worker runs dry, so a module's Spark baseline (a module-scoped
+# fixture) is mostly computed once.
+TEST_WORKERS ?= 3
 test: $(VENV)/.installed
-	$(PY) -m pytest -m "not slow and not spark_matrix"
+	$(PY) -m pytest -m "not slow and not spark_matrix" -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -m "slow and not spark_matrix"

@@ -14,6 +14,7 @@ import redis
 from sparkpoint.transport import Streams
 
 from .support.redis_server import redis_connection, streams_of_one_test
+from .support.serial import alone_if_serial
 
 # Spark's Python workers import what the tests pickle by reference (a function of a test
 # module, and the modules it imports, such as the example jobs under jobs/examples): pytest's
@@ -39,6 +40,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         browser_or_chaos = item.get_closest_marker("browser") or item.get_closest_marker("chaos")
         if top in SLOW_DIRECTORIES or browser_or_chaos:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """A test marked ``serial`` runs while no other test runs (see ``support/serial.py``)."""
+    with alone_if_serial(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ SPARKPOINT = str(Path(sys.executable).with_name("sparkpoint"))
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@functools.cache  # one subprocess for the tests that read the same text
 def _run_help() -> str:
     done = subprocess.run(
         [SPARKPOINT, "run", "--help"], capture_output=True, text=True, timeout=60, check=True

@@ -81,6 +81,7 @@ def _status(harness: Harness, model: Any, key: Any) -> str | None:
         return None if row is None else str(row.status)
 
 
+@pytest.mark.serial  # a throughput floor: no test of another xdist worker shares the CPU
 def test_a_live_job_completes_its_checkpoints_promptly_during_a_flood_of_junk(
     harness: Harness, ingest: IngestStats
 ) -> None:
