@@ -159,11 +159,12 @@ def test_a_job_of_one_region_restarts_whole_under_either_strategy(tmp_path: Path
         assert failed["region"] is None and failed["region_vertices"] is None
         assert result.events is not None
         seen[strategy] = (
-            # Which events, per attempt; not their order, which the subtasks' upload threads
-            # and the machine's load interleave differently from run to run.
-            Counter((e.attempt, e.type) for e in result.events.events),
+            # Which events each attempt emits and which fields a restore reports: how many
+            # checkpoints complete before the failure, and so their order and count and the
+            # checkpoint restored, follow the machine's timing (asserted above per run).
+            {(e.attempt, e.type) for e in result.events.events},
             _payloads(result, "task_failed"),
-            [{**r, "external_path": None} for r in _payloads(result, "job_restored")],
+            [sorted(r) for r in _payloads(result, "job_restored")],
             line_counts(out),
         )
     assert seen["region"] == seen["full"]
