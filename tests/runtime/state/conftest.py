@@ -4,9 +4,13 @@ fill and read a backend of either kind."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from sparkpoint.state import backends as backend_registry
 from sparkpoint.state.backend import KeyedStateBackend
 from sparkpoint.state.descriptors import (
     ListStateDescriptor,
@@ -85,3 +89,19 @@ def filled_hashmap(n: int) -> HashMapKeyedStateBackend:
 def copy_of_tables(backend: HashMapKeyedStateBackend) -> dict[str, dict[Any, Any]]:
     """A deep copy of every table (reading them this way touches no key)."""
     return {name: copy.deepcopy(dict(backend.table(name).items())) for name in backend.states}
+
+
+@pytest.fixture(params=backend_registry.BACKEND_NAMES)
+def backends(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Backends of each kind (``contract.Backends``), closed after the test."""
+    from .contract import Backends  # it imports this module's constants
+
+    made = Backends(request.param, tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def backend(backends: Any) -> KeyedStateBackend:
+    """An empty backend of each kind for key groups 0 to 127 of 128."""
+    return backends.create()

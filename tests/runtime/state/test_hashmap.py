@@ -2,7 +2,7 @@
 restore checks, and the legacy pickled (``SPKS``) snapshots that still restore.
 
 The behaviour every backend shares (state semantics, canonical round trips, restore with
-rescaling) is in test_backend_contract.py."""
+rescaling) is in test_backend_contract.py and test_backend_contract_snapshots.py."""
 
 from __future__ import annotations
 

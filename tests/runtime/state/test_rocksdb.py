@@ -1,7 +1,7 @@
 """The rocksdb keyed state backend: what only it does (reopening its database, the write-back
 cache's bound and table checks, RocksDB's key counts, state larger than its block cache).
 
-The behaviour every backend shares is in test_backend_contract.py."""
+The behaviour every backend shares is in test_backend_contract.py (and its _snapshots)."""
 
 from __future__ import annotations
 

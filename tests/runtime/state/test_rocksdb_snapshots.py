@@ -1,5 +1,6 @@
 """The rocksdb backend's snapshots (native, incremental; canonical ones' refusals) and restores
-with rescaling; the canonical round trips every backend makes are in test_backend_contract.py."""
+with rescaling; the canonical round trips every backend makes are in
+test_backend_contract_snapshots.py."""
 
 from __future__ import annotations
 
