@@ -24,6 +24,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import msgpack
@@ -77,7 +78,7 @@ def encode_delta(
         as_str = set(map(type, keys)) == {str}
         dtype, packed = _array_of(info.kind, serializer, values)
         if dtype is None:
-            packed = _encoded_values(states, name, serializer, table)
+            packed = _encoded_values(states, name, serializer, keys, values)
         encoded_keys = keys if as_str else encode_keys(keys)
         columns.append([name, info.kind, info.serializer, as_str, encoded_keys, dtype, packed])
     body = msgpack.packb(
@@ -104,15 +105,15 @@ def tables_of(entries: Iterable[tuple[int, str, Any, Any]]) -> Mapping[str, Mapp
 
 
 def _encoded_values(
-    states: Mapping[str, StateInfo], name: str, serializer: Any, table: Mapping[Any, Any]
+    states: Mapping[str, StateInfo], name: str, serializer: Any, keys: list[Any], values: list[Any]
 ) -> list[Any]:
-    """The values of ``table`` through the state's serializer; a value it refuses is named
-    (key, state, serializer) as a snapshot names it."""
+    """``values`` through the state's serializer; a value it refuses is named (key, state,
+    serializer) as a snapshot names it."""
     kind = states[name].kind
     try:
-        return encode_values(kind, serializer, list(table.values()))
+        return encode_values(kind, serializer, values)
     except Exception:
-        entries = ((0, name, key, value) for key, value in table.items())
+        entries = ((0, name, key, value) for key, value in zip(keys, values, strict=True))
         for _ in encoded_entries({name: (kind, serializer)}, states, entries):
             pass
         raise
@@ -148,10 +149,8 @@ class Delta:
         Raises:
             CorruptSnapshotError: keys or values that do not decode (naming the file).
         """
-        for name, groups, keys, values in self._decoded():
-            inside = (groups >= key_group_range.start) & (groups <= key_group_range.end)
-            for i in np.flatnonzero(inside).tolist():
-                yield int(groups[i]), name, keys[i], values[i]
+        for name, groups, keys, values in self._columns_in(key_group_range):
+            yield from zip(groups, repeat(name), keys, values)
 
     def load_into(self, backend: KeyedStateBackend) -> None:
         """Load the entries of ``backend``'s key groups into it, a state's column at a time
@@ -160,14 +159,26 @@ class Delta:
         Raises:
             CorruptSnapshotError: as :meth:`entries`.
         """
-        kg = backend.key_group_range
-        for name, groups, keys, values in self._decoded():
-            inside = (groups >= kg.start) & (groups <= kg.end)
-            if not inside.all():
-                positions = np.flatnonzero(inside).tolist()
-                keys = [keys[i] for i in positions]
-                values = [values[i] for i in positions]
+        for name, _groups, keys, values in self._columns_in(backend.key_group_range):
             backend.load_columns(name, keys, values)
+
+    def _columns_in(
+        self, key_group_range: KeyGroupRange
+    ) -> Iterator[tuple[str, list[int], list[Any], list[Any]]]:
+        """Per state: its name and the key groups, keys and values of its keys in
+        ``key_group_range``."""
+        for name, groups, keys, values in self._decoded():
+            inside = (groups >= key_group_range.start) & (groups <= key_group_range.end)
+            if inside.all():
+                yield name, groups.tolist(), keys, values
+                continue
+            positions = np.flatnonzero(inside).tolist()
+            yield (
+                name,
+                groups[positions].tolist(),
+                [keys[i] for i in positions],
+                [values[i] for i in positions],
+            )
 
     def _decoded(self) -> Iterator[tuple[str, np.ndarray, list[Any], list[Any]]]:
         """Per state: its name, the key group of each key, the keys and the values."""

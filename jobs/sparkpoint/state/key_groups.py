@@ -227,13 +227,17 @@ def _int_array_of(values: list[Any]) -> np.ndarray | None:
     return None
 
 
-def _stable_hashes(flat: np.ndarray) -> np.ndarray:
-    """:func:`stable_hash` of every element of a 1-D array, as a uint64 array."""
+def _stable_hashes(flat: np.ndarray, distinct: bool = False) -> np.ndarray:
+    """:func:`stable_hash` of every element of a 1-D array, as a uint64 array. ``distinct``:
+    the values are (mostly) distinct, so str and bytes are hashed one by one, not per
+    distinct value after a sort."""
     kind = flat.dtype.kind
     if kind in "bu":
         return _mix64_array(flat.astype(np.uint64))
     if kind == "i":
         return _mix64_array(flat.astype(np.int64).view(np.uint64))
+    if kind in "US" and distinct:
+        return _hashes_of_each(flat)
     if kind in "USf":
         return _hashes_of_unique(flat)
     if kind == "O":
@@ -298,17 +302,14 @@ def key_groups_of(
         TypeError: for an unsupported dtype or element type.
     """
     check_max_parallelism(max_parallelism)
-    if isinstance(keys, DictColumn):
-        values = keys.values
-        if values.dtype.kind in "US":  # a dictionary's values are mostly distinct: no sort
-            hashes = _hashes_of_each(values)
-            per_value = (hashes % np.uint64(max_parallelism)).astype(np.int32)
-        else:
-            per_value = key_groups_of(values, max_parallelism)
-        return per_value[keys.codes]
-    array = np.asarray(keys)
-    hashes = _stable_hashes(array.reshape(-1))
-    return (hashes % np.uint64(max_parallelism)).astype(np.int32).reshape(array.shape)
+    if isinstance(keys, DictColumn):  # its values are mostly distinct: hashed without a sort
+        array, codes = keys.values, keys.codes
+        hashes = _stable_hashes(array.reshape(-1), distinct=True)
+    else:
+        array, codes = np.asarray(keys), None
+        hashes = _stable_hashes(array.reshape(-1))
+    groups = (hashes % np.uint64(max_parallelism)).astype(np.int32).reshape(array.shape)
+    return groups if codes is None else groups[codes]
 
 
 def operator_index_for_key_group(

@@ -75,6 +75,7 @@ class RocksDBStateTable:
         self._db_keys: dict[Any, bytes] = {}  # key -> its RocksDB key, for cached keys
         self._clean: set[Any] = set()  # cached keys whose value RocksDB has (put_many)
         self.touched: set[Any] = set()  # keys read or written since take_touched()
+        self._heads: list[bytes] | None = None  # key group -> its RocksDB key prefix
 
     def __repr__(self) -> str:
         return f"RocksDBStateTable({self.info.name!r}, cached={len(self._cache)})"
@@ -116,8 +117,9 @@ class RocksDBStateTable:
                 self._max_parallelism,
                 self.info.name,
             )
-        heads = [g.to_bytes(2, "big") + self._prefix for g in range(start, end + 1)]
-        head_of = map(heads.__getitem__, (groups - start).tolist())
+        if self._heads is None:  # the prefix of each key group of the range, made once
+            self._heads = [g.to_bytes(2, "big") + self._prefix for g in range(start, end + 1)]
+        head_of = map(self._heads.__getitem__, (groups - start).tolist())
         return list(map(bytes.__add__, head_of, encode_keys(keys)))
 
     def _db_keys_cached(self, keys: list[Any]) -> list[bytes]:
