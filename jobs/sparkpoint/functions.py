@@ -17,7 +17,7 @@ import numpy as np
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.records import Batch, Column, DictColumn
-from sparkpoint.state.backend import KeyedStateBackend
+from sparkpoint.state.backend import KeyedStateBackend, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.timers import InternalTimerService, TimerService
 from sparkpoint.watermarks import TimestampSelector, extract_timestamps
@@ -270,7 +270,11 @@ class CountOperator(KeyedOperator):
 
     def open(self, backend: KeyedStateBackend) -> None:
         super().open(backend)
-        backend.get_state(ValueStateDescriptor(self.STATE, 0))  # registers the state
+        # Counts are int64 (a backend may keep them as numbers in columns); a state restored
+        # from a snapshot of an earlier version, written with pickle, stays pickle.
+        restored = backend.state_infos.get(self.STATE)
+        serializer = "pickle" if restored and restored.serializer == "pickle" else "int64"
+        backend.get_state(ValueStateDescriptor(self.STATE, 0, serializer=serializer))
 
     def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         keys = select_keys(self.selector, batch)
@@ -282,11 +286,8 @@ class CountOperator(KeyedOperator):
             uniq, inverse = np.unique(keys, return_inverse=True)
             ukeys = uniq.tolist()
             inverse = inverse.reshape(-1)
-        table = backend.table(self.STATE)
-        base = np.fromiter(table.get_many(ukeys, 0), dtype=np.int64, count=len(ukeys))
         per_key = np.bincount(inverse, minlength=len(ukeys))
-        totals = base + per_key
-        table.put_many(ukeys, totals.tolist())
+        totals = add_to_many(backend.table(self.STATE), ukeys, per_key)
         if self.emit == "epoch":
             self._changed.update(zip(ukeys, totals.tolist(), strict=True))
             return Batch.of_rows([])
@@ -295,6 +296,7 @@ class CountOperator(KeyedOperator):
         starts = np.concatenate(([0], np.cumsum(per_key)[:-1]))
         rank = np.empty(len(keys), dtype=np.int64)
         rank[order] = np.arange(len(keys)) - np.repeat(starts, per_key) + 1
+        base = totals - per_key
         return Batch.of_columns(**{self.key_field: keys, self.output: base[inverse] + rank})
 
     def flush_updates(self, backend: KeyedStateBackend) -> Batch:

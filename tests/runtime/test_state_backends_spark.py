@@ -129,7 +129,7 @@ def test_a_standalone_job_ends_with_a_canonical_savepoint_that_restores(
     assert all(not h.shared for a in acks for h in a.handles)  # self-contained
     # The states' names, kinds and serializers are in _metadata, beside each handle.
     assert {(d.name, d.kind, d.serializer) for a in acks for h in a.handles for d in h.states} == {
-        ("count", "value", "pickle")
+        ("count", "value", "int64")
     }
     chk = tmp_path / "sp" / "chk" / "pv-sp" / f"chk-{result.completed_checkpoints[-1]}"
     assert not chk.exists()  # copied, then dropped from checkpoint storage

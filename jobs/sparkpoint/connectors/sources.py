@@ -63,6 +63,11 @@ def _mix64(values: np.ndarray) -> np.ndarray:
     return z
 
 
+# Up to this many apps, a process names them all once (about 40 bytes each) and a batch takes
+# its apps' names from that array; beyond, a batch names its own apps.
+_NAMED_APPS = 1 << 21
+
+
 @functools.lru_cache(maxsize=8)
 def _app_names(apps: int) -> np.ndarray:
     """``app-0 .. app-{apps-1}`` as a read-only str array, built once per process."""
@@ -81,7 +86,11 @@ def _app_ids(idx: np.ndarray, apps: int) -> DictColumn:
     if len(idx) >= apps:
         return DictColumn(idx.astype(np.int32), _app_names(apps))
     present, codes = np.unique(idx, return_inverse=True)
-    return DictColumn(codes.reshape(-1), np.array([f"app-{i}" for i in present.tolist()]))
+    if apps <= _NAMED_APPS:
+        names = _app_names(apps)[present]
+    else:
+        names = np.array([f"app-{i}" for i in present.tolist()])
+    return DictColumn(codes.reshape(-1), names)
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,11 @@ epoch changed and :meth:`KeyedStateBackend.open_version` opens one, both through
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
+
+import numpy as np
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.descriptors import (
@@ -120,6 +122,19 @@ class StateTable(Protocol):
         ...
 
 
+def add_to_many(table: StateTable, keys: list[Any], deltas: np.ndarray) -> np.ndarray:
+    """Add ``deltas[i]`` to the number of ``keys[i]`` (0 where absent) for distinct ``keys``;
+    the new values. A table that keeps numbers in columns does it in one pass (``add_many``);
+    any other reads and writes the batch."""
+    add_many = getattr(table, "add_many", None)
+    if add_many is not None:
+        return add_many(keys, deltas)
+    base = np.fromiter(table.get_many(keys, 0), dtype=np.int64, count=len(keys))
+    totals = base + deltas
+    table.put_many(keys, totals.tolist())
+    return totals
+
+
 @dataclass(frozen=True)
 class StateInfo:
     """What a snapshot records of a registered state: its name, kind and value serializer."""
@@ -135,7 +150,7 @@ class ChangeSet:
     key -> value, where a value of :data:`DELETED` is a removed entry."""
 
     states: dict[str, StateInfo] = field(default_factory=dict)
-    changes: dict[str, dict[Any, Any]] = field(default_factory=dict)
+    changes: dict[str, Mapping[Any, Any]] = field(default_factory=dict)
     watermarks: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:

@@ -2,8 +2,9 @@
 
 The fast path of :mod:`sparkpoint.state.canonical`: :func:`encode_body` and
 :func:`block_columns` / :func:`decode_columns` do the work on whole columns (the keys of a
-state encoded at once, one numpy sort of every entry, one ``msgpack`` call per key group) and
-give up -- return None -- on anything they do not take and on any error. The caller then runs
+state encoded at once, one numpy sort of every entry, the blocks assembled in numpy by
+:mod:`sparkpoint.state.msgpack_rows`) and give up -- return None -- on anything they do not
+take and on any error. The caller then runs
 the reference code (:func:`reference_body`, :func:`encoded_entries`; for reading,
 ``CanonicalSnapshot._block``), which goes entry by entry as the format was first written and
 names the first problem: the bytes written and the errors raised are always the reference's."""
@@ -15,7 +16,7 @@ import pickle
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import islice, repeat
+from itertools import islice, pairwise, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.backend import DELETED, StateInfo
 from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange
+from sparkpoint.state.msgpack_rows import pack_blocks
 from sparkpoint.state.serializers import (
     Float64Serializer,
     Int64Serializer,
@@ -184,21 +186,37 @@ def _encode_body(
     sizes = [round(s) for s in np.bincount(si, weights=weights, minlength=len(names))]
     kg, si = kg[order], si[order]
     positions = order.tolist()
-    state_of = si.tolist()
-    blocks: list[bytes] = []
+    cuts = [0, *(np.flatnonzero(np.diff(kg)) + 1).tolist(), n]
+    nil = np.zeros(n, dtype=bool)
+    if tombstones:
+        nil = np.fromiter(map(operator.is_, value_bytes, repeat(None)), dtype=bool, count=n)
+    lengths = (key_lengths[order], value_lengths[order], nil[order])
+    blocks = pack_blocks(cuts, si, positions, key_bytes, value_bytes, lengths)
+    if blocks is None:
+        blocks = _packed_one_by_one(cuts, si.tolist(), positions, key_bytes, value_bytes)
     table: list[list[int]] = []
     offset = 0
-    cuts = (np.flatnonzero(np.diff(kg)) + 1).tolist()
-    packb = msgpack.packb
-    for a, b in zip([0, *cuts], [*cuts, n], strict=True):
-        # itemgetter(*positions): the fastest gather of scattered objects (a cache miss each).
-        gather = itemgetter(*positions[a:b]) if b - a > 1 else _one(positions[a])
-        rows = list(zip(state_of[a:b], gather(key_bytes), gather(value_bytes), strict=True))
-        block = packb(rows, use_bin_type=True)
-        blocks.append(block)
+    for a, b, block in zip(cuts[:-1], cuts[1:], blocks, strict=True):
         table.append([int(kg[a]), offset, len(block), b - a])
         offset += len(block)
     return blocks, table, counts, sizes
+
+
+def _packed_one_by_one(
+    cuts: list[int],
+    state_of: list[int],
+    positions: list[int],
+    key_bytes: list[bytes],
+    value_bytes: list[Any],
+) -> list[bytes]:
+    """The blocks through ``msgpack`` (for state indexes past a fixint)."""
+    blocks = []
+    for a, b in pairwise(cuts):
+        # itemgetter(*positions): the fastest gather of scattered objects (a cache miss each).
+        gather = itemgetter(*positions[a:b]) if b - a > 1 else _one(positions[a])
+        rows = list(zip(state_of[a:b], gather(key_bytes), gather(value_bytes), strict=True))
+        blocks.append(msgpack.packb(rows, use_bin_type=True))
+    return blocks
 
 
 def _one(position: int) -> Callable[[list[Any]], tuple[Any]]:

@@ -4,7 +4,10 @@
 Per state the backend keeps one :class:`TrackedTable`, a dict of key -> value holding every key
 of the backend's key group range, which records the keys read or written since the last
 :meth:`HashMapKeyedStateBackend.take_changes`: the epoch's changelog
-(:mod:`sparkpoint.state.changelog`) writes only those.
+(:mod:`sparkpoint.state.changelog`) writes only those. A value state declared ``int64`` or
+``float64`` (the built-in ``count``'s) keeps its numbers in columns instead
+(:class:`~sparkpoint.state.slot_table.SlotTable`): a batch of keys costs one dict lookup each,
+a capture copies arrays, and its changes are the keys written.
 
 **Snapshots** are canonical (:mod:`sparkpoint.state.canonical`), so that the ``rocksdb``
 backend restores them too. The synchronous part takes a shallow copy of every table (a copy of
@@ -23,7 +26,7 @@ import itertools
 import operator
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,6 +44,7 @@ from sparkpoint.state.backend import (
     VersionStore,
 )
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
+from sparkpoint.state.slot_table import COLUMN_SERIALIZERS, SlotTable
 from sparkpoint.state.snapshot_format import SNAPSHOT_MAGIC, decode_snapshot
 
 __all__ = ["HashMapKeyedStateBackend", "TrackedTable"]
@@ -138,6 +142,29 @@ class TrackedTable(dict[Any, Any]):
     def __reduce__(self) -> Any:  # a plain dict when pickled: tracking is per process
         return (dict, (dict(self),))
 
+    # The backend's own access, shared with SlotTable: restores are not changes.
+
+    def raw_set(self, key: Any, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+
+    def raw_pop(self, key: Any) -> None:
+        dict.pop(self, key, None)
+
+    def raw_update(self, keys: list[Any], values: list[Any]) -> None:
+        dict.update(self, zip(keys, values, strict=True))
+
+    def copy(self) -> dict[Any, Any]:
+        """A shallow copy (of the slots, not the values)."""
+        return dict(self)
+
+    def take_changes(self, deleted: Any) -> dict[Any, Any]:
+        """The keys read or written since the last call and their values (``deleted`` for a
+        removed key); then none is."""
+        keys = list(self.touched)
+        self.touched = set()
+        values = map(dict.get, itertools.repeat(self), keys, itertools.repeat(deleted))
+        return dict(zip(keys, values, strict=False))
+
 
 class _Capture(SnapshotCapture):
     """Shallow copies of the tables, serialized by :meth:`materialize`."""
@@ -145,7 +172,7 @@ class _Capture(SnapshotCapture):
     def __init__(self, backend: HashMapKeyedStateBackend) -> None:
         self._backend = backend
         self._infos = dict(backend._infos)
-        self._copies = {name: dict(table) for name, table in backend._tables.items()}
+        self._copies = {name: table.copy() for name, table in backend._tables.items()}
         self._watermarks = dict(backend.channel_watermarks)
         self.state_size = backend.state_size()
         self._released = False
@@ -186,13 +213,16 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     def __init__(self, max_parallelism: int, key_group_range: KeyGroupRange) -> None:
         super().__init__(max_parallelism, key_group_range)
-        self._tables: dict[str, TrackedTable] = {}
+        self._tables: dict[str, TrackedTable | SlotTable] = {}
         self._live_captures = 0  # snapshot captures taken and not yet released
 
     def _create_table(self, info: StateInfo) -> None:
-        self._tables[info.name] = TrackedTable()
+        if info.kind == "value" and info.serializer in COLUMN_SERIALIZERS:
+            self._tables[info.name] = SlotTable(info.name, info.serializer)
+        else:
+            self._tables[info.name] = TrackedTable()
 
-    def _table(self, name: str) -> TrackedTable:
+    def _table(self, name: str) -> TrackedTable | SlotTable:
         return self._tables[name]
 
     # ------------------------------------------------------------------------- sizes
@@ -213,7 +243,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         for table in self._tables.values():
             if not table:
                 continue
-            sample = list(itertools.islice(dict.items(table), _SIZE_SAMPLE))
+            sample = list(itertools.islice(table.items(), _SIZE_SAMPLE))
             measured = sum(_sizeof(key) + _sizeof(value) for key, value in sample)
             total += measured * len(table) / len(sample)
         return round(total)
@@ -221,7 +251,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
     # ------------------------------------------------------------------------- export
 
     def entries(self) -> Iterable[tuple[int, str, Any, Any]]:
-        tables = {name: dict(table) for name, table in self._tables.items()}
+        tables = {name: table.copy() for name, table in self._tables.items()}
         return _entries(tables, self.max_parallelism)  # columns: the encoder takes them whole
 
     def load(self, entries: Iterable[tuple[int, str, Any, Any]]) -> None:
@@ -230,29 +260,27 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             if start <= key_group <= end:
                 table = self._tables[name]
                 if value is DELETED:
-                    dict.pop(table, key, None)
+                    table.raw_pop(key)
                 else:
-                    dict.__setitem__(table, key, value)
+                    table.raw_set(key, value)
 
     def load_columns(self, name: str, keys: list[Any], values: list[Any]) -> None:
         table = self._tables[name]
         if not any(map(operator.is_, values, itertools.repeat(DELETED))):
-            dict.update(table, zip(keys, values, strict=True))
+            table.raw_update(keys, values)
             return
         for key, value in zip(keys, values, strict=True):
             if value is DELETED:
-                dict.pop(table, key, None)
+                table.raw_pop(key)
             else:
-                dict.__setitem__(table, key, value)
+                table.raw_set(key, value)
 
     def take_changes(self) -> ChangeSet:
-        changes: dict[str, dict[Any, Any]] = {}
+        changes: dict[str, Mapping[Any, Any]] = {}
         for name, table in self._tables.items():
-            if table.touched:
-                keys = list(table.touched)
-                values = map(dict.get, itertools.repeat(table), keys, itertools.repeat(DELETED))
-                changes[name] = dict(zip(keys, values, strict=False))
-                table.touched = set()
+            changed = table.take_changes(DELETED)
+            if changed:
+                changes[name] = changed
         return ChangeSet(dict(self._infos), changes, dict(self.channel_watermarks))
 
     # ------------------------------------------------------------------------- snapshots
@@ -304,7 +332,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         changelog.prune(store, keep)
 
 
-def _entries(tables: dict[str, dict[Any, Any]], max_parallelism: int) -> Iterable[Any]:
+def _entries(tables: Mapping[str, Mapping[Any, Any]], max_parallelism: int) -> Iterable[Any]:
     """``(key group, state, key, value)`` of every entry of ``tables``, as columns that the
     canonical encoding takes whole."""
     return canonical.EntryColumns(
@@ -346,7 +374,7 @@ def _load_legacy(merge: restoring.SnapshotMerge, payload: dict[str, Any], index:
                     f"snapshot {index}: key group {key_group} holds undeclared or "
                     f"malformed state {name!r}"
                 )
-            dict.update(backend._tables[name], entries)
+            backend._tables[name].raw_update(list(entries), list(entries.values()))
     merge.add_watermarks(payload.get("watermarks", {}))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
@@ -242,7 +242,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         (:data:`~sparkpoint.state.backend.DELETED` where absent)."""
         touched = {name: table.take_touched() for name, table in self._tables.items()}
         self.flush()
-        changes: dict[str, dict[Any, Any]] = {}
+        changes: dict[str, Mapping[Any, Any]] = {}
         for name, keys in touched.items():
             if not keys:
                 continue

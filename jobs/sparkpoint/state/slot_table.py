@@ -1,0 +1,324 @@
+"""The ``hashmap`` table of a value state of fixed-width numbers (declared ``int64`` or
+``float64``): the values in one numpy array, not one Python object per key.
+
+A dict maps each key to a slot; ``values[slot]`` is its number, ``present[slot]`` whether it
+has one (a removed key keeps its slot, so adding it again reuses it) and ``written[slot]``
+whether it was written since the last :meth:`SlotTable.take_changes`. A batch of keys costs one
+dict lookup per key and numpy for the rest, where a dict of objects pays a lookup per read, per
+write and per tracked key; the epoch's changelog is the written mask; a snapshot's capture
+copies the arrays (a number cannot change in place, so no copy-on-write is needed, and a read
+is not a change as it is for a :class:`~sparkpoint.state.hashmap.TrackedTable`).
+
+A value the serializer could not write (a float in an ``int64`` state, an int beyond 64 bits,
+a string) is refused when written, naming the state, the key and the value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from sparkpoint.errors import ConfigurationError
+
+__all__ = ["COLUMN_SERIALIZERS", "SlotColumns", "SlotTable"]
+
+COLUMN_SERIALIZERS = {"int64": np.dtype(np.int64), "float64": np.dtype(np.float64)}
+_MISSING: Any = object()
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class SlotColumns(Mapping[Any, Any]):
+    """Keys and values as two lists (a capture of a :class:`SlotTable`, or its changes):
+    a read-only mapping that lists its columns without building a dict."""
+
+    __slots__ = ("_dict", "_keys", "_values")
+
+    def __init__(self, keys: list[Any], values: list[Any]) -> None:
+        self._keys = keys
+        self._values = values
+        self._dict: dict[Any, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._keys)
+
+    def __getitem__(self, key: Any) -> Any:
+        if self._dict is None:
+            self._dict = dict(zip(self._keys, self._values, strict=True))
+        return self._dict[key]
+
+    def keys(self) -> list[Any]:  # type: ignore[override]
+        return self._keys
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return self._values
+
+    def items(self) -> Iterator[tuple[Any, Any]]:  # type: ignore[override]
+        return zip(self._keys, self._values, strict=True)
+
+
+class SlotTable:
+    """Key -> number of one value state, in columns (see the module docstring)."""
+
+    __slots__ = (
+        "_dtype",
+        "_keys",
+        "_len",
+        "_name",
+        "_present",
+        "_serializer",
+        "_slot",
+        "_values",
+        "_written",
+        "cow",
+    )
+
+    def __init__(self, name: str, serializer: str) -> None:
+        self._name = name
+        self._serializer = serializer
+        self._dtype = COLUMN_SERIALIZERS[serializer]
+        self._slot: dict[Any, int] = {}
+        self._keys = np.empty(0, dtype=object)
+        self._values = np.zeros(0, dtype=self._dtype)
+        self._present = np.zeros(0, dtype=bool)
+        self._written = np.zeros(0, dtype=bool)
+        self._len = 0
+        self.cow: Any = None  # the backend's copy-on-write switch: numbers need none
+
+    def __repr__(self) -> str:
+        return f"SlotTable({self._name!r}, {self._serializer}, {self._len} keys)"
+
+    def __eq__(self, other: object) -> bool:  # equal to a dict of the same entries
+        if isinstance(other, (SlotTable, Mapping)):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------------- one key
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, key: object) -> bool:
+        slot = self._slot.get(key)
+        return slot is not None and bool(self._present[slot])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        slot = self._slot.get(key)
+        if slot is None or not self._present[slot]:
+            return default
+        return self._values[slot].item()
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.raw_set(key, value)
+        self._written[self._slot[key]] = True
+
+    def __delitem__(self, key: Any) -> None:
+        if self.pop(key, _MISSING) is _MISSING:
+            raise KeyError(key)
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        slot = self._slot.get(key)
+        if slot is None or not self._present[slot]:
+            return default
+        self._present[slot] = False
+        self._written[slot] = True
+        self._len -= 1
+        return self._values[slot].item()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            self[key] = default
+            return self.get(key)
+        return value
+
+    def keys(self) -> list[Any]:
+        return self._keys[self._live()].tolist()
+
+    def values(self) -> list[Any]:
+        return self._values[self._live()].tolist()
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        live = self._live()
+        return zip(self._keys[live].tolist(), self._values[live].tolist(), strict=True)
+
+    # ------------------------------------------------------------------------- batches
+
+    def get_many(self, keys: list[Any], default: Any) -> list[Any]:
+        slots = self._lookup(keys)
+        found = slots >= 0
+        found[found] = self._present[slots[found]]
+        if found.all():
+            return self._values[slots].tolist()
+        values: list[Any] = [default] * len(keys)
+        hits = np.flatnonzero(found)
+        for index, value in zip(hits.tolist(), self._values[slots[hits]].tolist(), strict=True):
+            values[index] = value
+        return values
+
+    def put_many(self, keys: list[Any], values: Any) -> None:
+        slots = self._put(keys, values)
+        self._written[slots] = True
+
+    def add_many(self, keys: list[Any], deltas: np.ndarray) -> np.ndarray:
+        """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
+        ``keys``, with one lookup per key; the new values. A sum that leaves ``int64`` is
+        refused (naming its key) before anything is written."""
+        slots = self._lookup(keys)
+        new = slots < 0
+        if new.any():
+            slots[new] = self._new_slots(list(itertools.compress(keys, new.tolist())))
+        present = self._present[slots]
+        base = np.where(present, self._values[slots], 0)
+        totals = base + deltas
+        if self._dtype.kind == "i":
+            wrapped = np.flatnonzero(((base ^ totals) & (deltas ^ totals)) < 0)
+            if len(wrapped):
+                first = int(wrapped[0])
+                self._checked(keys[first], int(base[first]) + int(deltas[first]))
+        self._len += len(slots) - int(np.count_nonzero(present))
+        self._present[slots] = True
+        self._written[slots] = True
+        self._values[slots] = totals
+        return totals.astype(self._dtype, copy=False)
+
+    # ------------------------------------------------------------------------- the backend's
+
+    def raw_set(self, key: Any, value: Any) -> None:
+        """Set one value without counting it as a change (a restore)."""
+        number = self._checked(key, value)
+        slot = self._slot.get(key)
+        if slot is None:
+            slot = self._new_slots([key])[0]
+        if not self._present[slot]:
+            self._present[slot] = True
+            self._len += 1
+        self._values[slot] = number
+
+    def raw_pop(self, key: Any) -> None:
+        """Remove one key without counting it as a change (a restore)."""
+        slot = self._slot.get(key)
+        if slot is not None and self._present[slot]:
+            self._present[slot] = False
+            self._len -= 1
+
+    def raw_update(self, keys: list[Any], values: list[Any]) -> None:
+        """Set many values without counting them as changes (a restore)."""
+        self._put(keys, values)
+
+    def copy(self) -> SlotColumns:
+        """The live entries now (the synchronous part of a snapshot: a copy of columns)."""
+        live = self._live()
+        return SlotColumns(self._keys[live].tolist(), self._values[live].tolist())
+
+    def take_changes(self, deleted: Any) -> SlotColumns:
+        """The keys written since the last call and their values (``deleted`` for a removed
+        key); then none is."""
+        n = len(self._slot)
+        changed = np.flatnonzero(self._written[:n])
+        self._written[:n] = False
+        values: list[Any] = self._values[changed].tolist()
+        for index in np.flatnonzero(~self._present[changed]).tolist():
+            values[index] = deleted
+        return SlotColumns(self._keys[changed].tolist(), values)
+
+    def __reduce__(self) -> Any:  # a plain dict when pickled, as a TrackedTable
+        return (dict, (dict(self.items()),))
+
+    # ------------------------------------------------------------------------- inside
+
+    def _live(self) -> np.ndarray:
+        return np.flatnonzero(self._present[: len(self._slot)])
+
+    def _lookup(self, keys: list[Any]) -> np.ndarray:
+        get = self._slot.get
+        return np.fromiter(map(get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(keys))
+
+    def _put(self, keys: list[Any], values: Any) -> np.ndarray:
+        """Write ``values`` at ``keys`` (the last of a repeated key wins, as in a dict); the
+        slots written."""
+        numbers = self._column(keys, values)
+        slots = self._lookup(keys)
+        new = slots < 0
+        if new.any():
+            fresh = list(dict.fromkeys(itertools.compress(keys, new.tolist())))
+            self._new_slots(fresh)
+            slots[new] = self._lookup(list(itertools.compress(keys, new.tolist())))
+        if len(slots) > 1 and np.bincount(slots).max() > 1:  # repeated keys: keep the last
+            last = len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1]
+            slots, numbers = slots[last], numbers[last]
+        self._len += int(np.count_nonzero(~self._present[slots]))
+        self._present[slots] = True
+        self._values[slots] = numbers
+        return slots
+
+    def _new_slots(self, keys: list[Any]) -> np.ndarray:
+        """Slots for ``keys`` (distinct and not in the table)."""
+        start = len(self._slot)
+        end = start + len(keys)
+        if end > len(self._values):
+            self._reserve(max(end, 2 * len(self._values), 1024))
+        self._slot.update(zip(keys, range(start, end), strict=True))
+        self._keys[start:end] = _object_array(keys)
+        return np.arange(start, end, dtype=np.int64)
+
+    def _reserve(self, capacity: int) -> None:
+        n = len(self._slot)
+        keys = np.empty(capacity, dtype=object)
+        keys[:n] = self._keys[:n]
+        self._keys = keys
+        for field in ("_values", "_present", "_written"):
+            old = getattr(self, field)
+            grown = np.zeros(capacity, dtype=old.dtype)
+            grown[:n] = old[:n]
+            setattr(self, field, grown)
+
+    def _column(self, keys: list[Any], values: Any) -> np.ndarray:
+        """``values`` as this table's dtype, every one checked as :meth:`_checked` does."""
+        if len(values) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        if isinstance(values, np.ndarray) and values.dtype == self._dtype:
+            return values
+        allowed = {int, bool} if self._dtype.kind == "i" else {int, bool, float}
+        if set(map(type, values)) <= allowed:
+            try:
+                return np.array(values, dtype=self._dtype)
+            except OverflowError:
+                pass
+        for key, value in zip(keys, values, strict=True):
+            self._checked(key, value)
+        return np.array(values, dtype=self._dtype)
+
+    def _checked(self, key: Any, value: Any) -> Any:
+        """``value`` if this table can hold it, else the error naming the state and key."""
+        if self._dtype.kind == "i":
+            ok = isinstance(value, (int, np.integer)) and _INT64[0] <= value <= _INT64[1]
+        else:
+            ok = isinstance(value, (int, float, np.integer, np.floating))
+        if not ok:
+            raise ConfigurationError(
+                f"keyed state {self._name!r} declares serializer {self._serializer!r}; key "
+                f"{key!r} was given {value!r} ({type(value).__name__}), which it cannot hold"
+            )
+        return value
+
+
+def _object_array(items: list[Any]) -> np.ndarray:
+    """``items`` as a 1-d object array (tuples stay elements, not rows)."""
+    return np.fromiter(items, dtype=object, count=len(items))
