@@ -26,7 +26,7 @@ import numpy as np
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.backend import DELETED, StateInfo
 from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange
-from sparkpoint.state.msgpack_rows import pack_blocks
+from sparkpoint.state.msgpack_rows import concatenated, pack_blocks
 from sparkpoint.state.serializers import (
     Float64Serializer,
     Int64Serializer,
@@ -171,9 +171,10 @@ def _encode_body(
         return None
     # Step 3: sort by key group, state, key bytes; equal neighbours (a key twice) give up.
     key_lengths = np.fromiter(map(len, key_bytes), dtype=np.int64, count=n)
-    order = _order(kg, si, key_bytes, key_lengths)
-    if order is None:
+    ordered = _order(kg, si, key_bytes, key_lengths)
+    if ordered is None:
         return None
+    order, sorted_keys = ordered
     # Step 4: counts and bytes per state, one msgpack array per key group (the rows of a
     # block are made for it and dropped after it: a million live tuples slow the collector).
     value_lengths = np.fromiter(
@@ -191,7 +192,13 @@ def _encode_body(
     if tombstones:
         nil = np.fromiter(map(operator.is_, value_bytes, repeat(None)), dtype=bool, count=n)
     lengths = (key_lengths[order], value_lengths[order], nil[order])
-    blocks = pack_blocks(cuts, si, positions, key_bytes, value_bytes, lengths)
+    blocks = pack_blocks(
+        cuts,
+        si,
+        _gathered(key_bytes, positions, sorted_keys, lengths[0]),
+        _gathered(value_bytes, positions, None, lengths[1]),
+        lengths,
+    )
     if blocks is None:
         blocks = _packed_one_by_one(cuts, si.tolist(), positions, key_bytes, value_bytes)
     table: list[list[int]] = []
@@ -200,6 +207,20 @@ def _encode_body(
         table.append([int(kg[a]), offset, len(block), b - a])
         offset += len(block)
     return blocks, table, counts, sizes
+
+
+def _gathered(
+    items: list[Any], positions: list[int], fixed: np.ndarray | None, lengths: np.ndarray
+) -> bytes:
+    """The bytes of ``items[p]`` for ``p`` in ``positions`` one after the other (None adds
+    none): from ``fixed`` (the items, sorted, fixed-width) when given, else through a
+    fixed-width copy when that stays small (numpy gathers it), else object by object."""
+    if fixed is not None:
+        return concatenated(fixed, lengths)
+    width = int(lengths.max()) if len(lengths) else 0
+    if None not in items and width > 0 and width * len(items) <= _SORT_COPY_LIMIT:
+        return concatenated(np.array(items, dtype=f"S{width}")[positions], lengths)
+    return b"".join(filter(None, map(items.__getitem__, positions)))
 
 
 def _packed_one_by_one(
@@ -225,23 +246,24 @@ def _one(position: int) -> Callable[[list[Any]], tuple[Any]]:
 
 def _order(
     kg: np.ndarray, si: np.ndarray, key_bytes: list[bytes], lengths: np.ndarray
-) -> np.ndarray | None:
-    """The permutation that sorts by (key group, state, key bytes), None when two
-    neighbours tie (a key twice, or keys that differ only in trailing zero bytes, which a
-    numpy bytes array does not tell apart: the reference code sorts those)."""
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The permutation that sorts by (key group, state, key bytes) and the keys in that
+    order as a fixed-width array (None when too large to copy); None when two neighbours tie
+    (a key twice, or keys that differ only in trailing zero bytes, which a numpy bytes array
+    does not tell apart: the reference code sorts those)."""
     width = max(int(lengths.max()), 1)
     if width * len(key_bytes) <= _SORT_COPY_LIMIT:
         fixed = np.array(key_bytes, dtype=f"S{width}")
         order = np.lexsort((fixed, si, kg))
         fixed, kg, si = fixed[order], kg[order], si[order]
         tie = (fixed[1:] == fixed[:-1]) & (si[1:] == si[:-1]) & (kg[1:] == kg[:-1])
-        return None if tie.any() else order
+        return None if tie.any() else (order, fixed)
     triples = list(zip(kg.tolist(), si.tolist(), key_bytes, strict=True))
     positions = sorted(range(len(triples)), key=triples.__getitem__)
     ordered = list(map(triples.__getitem__, positions))
     if any(map(operator.eq, ordered, islice(ordered, 1, None))):
         return None
-    return np.array(positions, dtype=np.int64)
+    return np.array(positions, dtype=np.int64), None
 
 
 def encode_keys(keys: Sequence[Any]) -> list[bytes]:

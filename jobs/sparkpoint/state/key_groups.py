@@ -189,15 +189,59 @@ def _fmix32_array(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint32(16))
 
 
+def _crc32_table() -> np.ndarray:
+    """zlib's CRC-32 (reflected polynomial 0xEDB88320) lookup table, one entry per byte."""
+    table = np.zeros(256, dtype=np.uint32)
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0xEDB88320 if crc & 1 else crc >> 1
+        table[byte] = crc
+    return table
+
+
+_CRC32_TABLE = _crc32_table()
+# Strings up to this many characters are hashed a character position at a time in numpy.
+_COLUMN_CRC_WIDTH = 64
+
+
+def _ascii_crc32s(strings: np.ndarray) -> np.ndarray | None:
+    """``zlib.crc32`` of the UTF-8 bytes of every str of a ``U`` array, computed down the
+    columns (one numpy step per character position, no call per string), when every
+    character is ASCII (its UTF-8 is its code point) and no string is longer than
+    :data:`_COLUMN_CRC_WIDTH`; None otherwise."""
+    width = strings.dtype.itemsize // 4
+    if strings.dtype.kind != "U" or not 0 < width <= _COLUMN_CRC_WIDTH or not strings.size:
+        return None
+    points = np.ascontiguousarray(strings).view(np.uint32).reshape(-1, width)
+    if int(points.max()) >= 0x80:
+        return None
+    lengths = np.strings.str_len(strings).reshape(-1)
+    crc = np.full(len(points), _M32, dtype=np.uint32)
+    for column in range(int(lengths.max())):
+        step = _CRC32_TABLE[(crc ^ points[:, column]) & 0xFF] ^ (crc >> np.uint32(8))
+        crc = np.where(column < lengths, step, crc)
+    return crc ^ np.uint32(_M32)
+
+
 def _str_or_bytes_hashes(items: list[Any], kind: type) -> np.ndarray:
     """:func:`stable_hash` of every item of a list of only str or only bytes, as uint64: the
-    CRC-32s one by one in C, the finalizer in numpy."""
-    data = (
-        map(operator.methodcaller("encode", "utf-8", "surrogatepass"), items)
-        if kind is str
-        else items
-    )
-    crcs = np.fromiter(map(zlib.crc32, data), dtype=np.uint32, count=len(items))
+    CRC-32s down the columns of a ``U`` array when they are short ASCII strings (and none
+    ends in NUL, which a ``U`` array drops), else one by one in C; the finalizer in numpy."""
+    crcs = None
+    if kind is str and items:
+        lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+        if int(lengths.max()) <= _COLUMN_CRC_WIDTH:
+            strings = np.array(items, dtype=str)
+            if np.array_equal(np.strings.str_len(strings), lengths):
+                crcs = _ascii_crc32s(strings)
+    if crcs is None:
+        data = (
+            map(operator.methodcaller("encode", "utf-8", "surrogatepass"), items)
+            if kind is str
+            else items
+        )
+        crcs = np.fromiter(map(zlib.crc32, data), dtype=np.uint32, count=len(items))
     return _fmix32_array(crcs).astype(np.uint64)
 
 
@@ -213,6 +257,9 @@ def _hashes_of_unique(flat: np.ndarray) -> np.ndarray:
 def _hashes_of_each(flat: np.ndarray) -> np.ndarray:
     """:func:`stable_hash` of every element, one by one (str and bytes arrays in C)."""
     if flat.dtype.kind in "US":
+        crcs = _ascii_crc32s(flat)  # a U array holds no trailing NUL: nothing to check
+        if crcs is not None:
+            return _fmix32_array(crcs).astype(np.uint64)
         return _str_or_bytes_hashes(flat.tolist(), str if flat.dtype.kind == "U" else bytes)
     return np.fromiter(map(stable_hash, flat.tolist()), dtype=np.uint64, count=flat.size)
 

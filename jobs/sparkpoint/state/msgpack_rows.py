@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pack_blocks"]
+__all__ = ["concatenated", "pack_blocks"]
 
 _MAX_FIXINT = 127
 _SCATTER_BYTES = 4 << 20
@@ -22,22 +22,19 @@ _SCATTER_BYTES = 4 << 20
 def pack_blocks(
     cuts: list[int],
     state_of: np.ndarray,
-    positions: list[int],
-    keys: list[bytes],
-    values: list[bytes | None],
+    key_data: bytes,
+    value_data: bytes,
     lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> list[bytes] | None:
     """The msgpack bytes of each block: block i holds rows ``[cuts[i], cuts[i+1])``
-    (``cuts`` starts at 0 and ends at the number of rows), row r being
-    ``(state_of[r], keys[p], values[p])`` for ``p = positions[r]``; ``lengths`` gives, in
-    row order, each key's length, each value's (0 for None) and whether the value is None.
-    None when a state index does not fit a fixint (the caller packs those with msgpack)."""
+    (``cuts`` starts at 0 and ends at the number of rows); row r is ``state_of[r]``, the r-th
+    key and the r-th value, whose bytes follow each other in ``key_data`` and ``value_data``
+    (a None value has none). ``lengths`` gives, in row order, each key's length, each
+    value's (0 for None) and whether the value is None. None when a state index does not fit
+    a fixint (the caller packs those with msgpack)."""
     klen, vlen, nil = lengths
-    if not positions or int(state_of.max()) > _MAX_FIXINT or int(state_of.min()) < 0:
+    if not len(klen) or int(state_of.max()) > _MAX_FIXINT or int(state_of.min()) < 0:
         return None
-    gathered = map(values.__getitem__, positions)
-    key_data = b"".join(map(keys.__getitem__, positions))
-    value_data = b"".join(filter(None, gathered) if nil.any() else gathered)  # type: ignore[arg-type]
     khead = _bin_header_width(klen)
     vhead = np.where(nil, 1, _bin_header_width(vlen))
     counts: np.ndarray = np.diff(np.asarray(cuts, dtype=np.int64))
@@ -87,8 +84,10 @@ def _put_header(
         eight = None
     else:
         fix, eight, sixteen, thirty_two = markers
-    for width in np.unique(widths).tolist():
+    for width in (1, 2, 3, 5):
         chosen = widths == width
+        if not chosen.any():
+            continue
         where, length = at[chosen], lengths[chosen]
         if width == 1:
             assert fix is not None
@@ -115,3 +114,15 @@ def _scatter(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, data: byt
         shift = np.repeat(starts[a:b] - first[a:b], lengths[a:b])
         buf[shift + np.arange(lo, hi, dtype=np.int64)] = source[lo:hi]
         a = b
+
+
+def concatenated(fixed: np.ndarray, lengths: np.ndarray) -> bytes:
+    """The first ``lengths[i]`` bytes of each element of a fixed-width ``S`` array, one after
+    the other (the array's buffer keeps trailing NUL bytes that its elements drop)."""
+    width = fixed.dtype.itemsize
+    if width == 0 or not len(fixed):
+        return b""
+    if bool((lengths == width).all()):
+        return fixed.tobytes()
+    raw = np.ascontiguousarray(fixed).view(np.uint8).reshape(len(fixed), width)
+    return raw[np.arange(width) < lengths[:, None]].tobytes()

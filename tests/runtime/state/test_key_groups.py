@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.key_groups import (
@@ -154,6 +156,18 @@ def test_vectorized_str_array_equals_scalar(max_parallelism: int) -> None:
     groups = key_groups_of(keys, max_parallelism)
     assert groups.dtype == np.int32
     assert groups.tolist() == _scalar(keys, max_parallelism)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=70), min_size=1))
+def test_short_ascii_strings_hashed_down_the_columns_equal_scalar(keys: list[str]) -> None:
+    """str keys hashed a character position at a time (ASCII, up to 64 characters) give
+    what each hashes to alone: NUL inside or at the end (a ``U`` array drops trailing NULs,
+    so such a list takes the one-by-one path), empty strings, lengths past the limit."""
+    as_list = np.fromiter(keys, dtype=object, count=len(keys))
+    assert key_groups_of(as_list, 128).tolist() == [key_group_for(k, 128) for k in keys]
+    array = np.array(keys, dtype=str)
+    assert key_groups_of(array, 128).tolist() == [key_group_for(k, 128) for k in array.tolist()]
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.uint64])

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkpoint.state.msgpack_rows import pack_blocks
+from sparkpoint.state.msgpack_rows import concatenated, pack_blocks
 
 ROWS = st.lists(
     st.tuples(
@@ -31,14 +31,15 @@ def packed(
     cuts: list[int], rows: list[Row], positions: list[int]
 ) -> tuple[list[bytes] | None, list[bytes]]:
     state_of = np.array([rows[p][0] for p in positions], dtype=np.int64)
-    keys, values = [r[1] for r in rows], [r[2] for r in rows]
     ordered = [rows[p] for p in positions]
+    key_data = b"".join(r[1] for r in ordered)
+    value_data = b"".join(r[2] or b"" for r in ordered)
     lengths = (
         np.array([len(r[1]) for r in ordered], dtype=np.int64),
         np.array([0 if r[2] is None else len(r[2]) for r in ordered], dtype=np.int64),
         np.array([r[2] is None for r in ordered], dtype=bool),
     )
-    got = pack_blocks(cuts, state_of, positions, keys, values, lengths)
+    got = pack_blocks(cuts, state_of, key_data, value_data, lengths)
     want = [msgpack.packb(ordered[a:b], use_bin_type=True) for a, b in itertools.pairwise(cuts)]
     return got, want
 
@@ -68,5 +69,14 @@ def test_wide_headers_and_large_blocks(rows: list, cuts: list[int]) -> None:
 
 def test_a_state_index_past_a_fixint_is_left_to_msgpack() -> None:
     lengths = (np.array([1]), np.array([1]), np.array([False]))
-    assert pack_blocks([0, 1], np.array([128]), [0], [b"k"], [b"v"], lengths) is None
+    assert pack_blocks([0, 1], np.array([128]), b"k", b"v", lengths) is None
     assert packed([0, 1], [(127, b"k", b"v")], [0])[0] is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=12), min_size=1, max_size=40))
+def test_concatenated_keeps_trailing_nul_bytes(items: list[bytes]) -> None:
+    width = max(1, *map(len, items))
+    fixed = np.array(items, dtype=f"S{width}")
+    lengths = np.array([len(i) for i in items], dtype=np.int64)
+    assert concatenated(fixed, lengths) == b"".join(items)
