@@ -174,29 +174,68 @@ class KeyedProcessFunction:
         return ()
 
 
-def _group_codes(keys: DictColumn) -> tuple[list[Any], np.ndarray]:
-    """The distinct keys that occur in ``keys`` and each record's index into them, in O(n).
+def _grouped(keys: np.ndarray | DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
+    """The distinct keys of ``keys`` in sorted order (as an array and as a list) and each
+    record's index into them."""
+    if isinstance(keys, DictColumn):
+        return _group_codes(keys)
+    try:
+        uniq, inverse = np.unique(keys, return_inverse=True)
+    except TypeError:  # an object array whose values cannot be ordered: first-seen order
+        slot: dict[Any, int] = {}
+        codes = [slot.setdefault(key, len(slot)) for key in keys.tolist()]
+        ukeys = list(slot)
+        return _objects(ukeys), ukeys, np.array(codes, dtype=np.int64)
+    return uniq, uniq.tolist(), inverse.reshape(-1)
 
-    Only values whose code occurs are touched (``np.bincount``); they are taken in sorted
-    order, as ``numpy.unique`` gives them for a plain array, so state and output see keys in
-    the same order either way. Values that are equal as Python keys (a repeated value, or
-    ``1`` and ``1.0`` in an object array) share one index, as they share one state entry.
-    """
+
+def _group_codes(keys: DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
+    """:func:`_grouped` of a dictionary-encoded column, touching only the values whose code
+    occurs (``np.bincount``). Strings and integers (equal as numpy values iff equal as keys)
+    are sorted and merged in numpy, as ``numpy.unique`` gives them for a plain array;
+    values of an object array that are equal as Python keys (a repeated value, or ``1`` and
+    ``1.0``) share one index through a dict, as they share one state entry."""
     occurs = np.flatnonzero(np.bincount(keys.codes, minlength=len(keys.values)))
+    present = keys.values[occurs]
+    remap = np.zeros(len(keys.values), dtype=np.int64)
+    if present.dtype.kind in "USiu":
+        ordered, inverse = np.unique(present, return_inverse=True)
+        remap[occurs] = inverse.reshape(-1)
+        return ordered, ordered.tolist(), remap[keys.codes]
     # An object array whose values cannot be ordered keeps code order.
     with contextlib.suppress(TypeError):
-        occurs = occurs[np.argsort(keys.values[occurs], kind="stable")]
-    ordered = keys.values[occurs]
-    if ordered.dtype.kind in "USiu" and not np.any(ordered[1:] == ordered[:-1]):
-        # Distinct strings or integers (equal as numpy values iff equal as keys): no dict.
-        remap = np.zeros(len(keys.values), dtype=np.int64)
-        remap[occurs] = np.arange(len(occurs))
-        return ordered.tolist(), remap[keys.codes]
+        occurs = occurs[np.argsort(present, kind="stable")]
     slot: dict[Any, int] = {}
-    remap = np.zeros(len(keys.values), dtype=np.int64)
     for code, key in zip(occurs.tolist(), keys.values[occurs].tolist(), strict=True):
         remap[code] = slot.setdefault(key, len(slot))
-    return list(slot), remap[keys.codes]
+    ukeys = list(slot)
+    return _objects(ukeys), ukeys, remap[keys.codes]
+
+
+def _objects(items: list[Any]) -> np.ndarray:
+    """``items`` as a 1-D object array: each keeps its type (``np.array`` would turn ``[1,
+    "x"]`` into strings and tuples into rows)."""
+    return np.fromiter(items, dtype=object, count=len(items))
+
+
+def _concatenated(parts: list[np.ndarray | DictColumn]) -> np.ndarray | DictColumn:
+    """The key columns of several batches as one (dictionary-encoded when all are)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(part, DictColumn) for part in parts):
+        columns = [part for part in parts if isinstance(part, DictColumn)]
+        offsets = np.cumsum([0, *(len(c.values) for c in columns[:-1])])
+        shifted = [c.codes.astype(np.int64) + o for c, o in zip(columns, offsets, strict=True)]
+        codes = np.concatenate(shifted)
+        return DictColumn._of(codes, _joined([c.values for c in columns]))
+    return _joined([np.asarray(part) for part in parts])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate``, through object arrays when the kinds differ (str and int keys)."""
+    if len({array.dtype.kind for array in arrays}) > 1:
+        arrays = [array.astype(object) for array in arrays]
+    return np.concatenate(arrays)
 
 
 def _narrow(indices: np.ndarray, bound: int) -> np.ndarray:
@@ -275,22 +314,21 @@ class CountOperator(KeyedOperator):
         restored = backend.state_infos.get(self.STATE)
         serializer = "pickle" if restored and restored.serializer == "pickle" else "int64"
         backend.get_state(ValueStateDescriptor(self.STATE, 0, serializer=serializer))
+        self._pending: list[np.ndarray | DictColumn] = []  # key columns not yet counted
 
     def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         keys = select_keys(self.selector, batch)
         if not len(keys):
             return Batch.of_rows([])
-        if isinstance(keys, DictColumn):
-            ukeys, inverse = _group_codes(keys)
-        else:
-            uniq, inverse = np.unique(keys, return_inverse=True)
-            ukeys = uniq.tolist()
-            inverse = inverse.reshape(-1)
+        if self.emit == "epoch":
+            # Counted at the next flush (an aligned barrier or the epoch's end), the batches
+            # since the last one together: a key costs one state access per flush, and
+            # nothing reads the counts in between (the snapshot follows the flush).
+            self._pending.append(keys)
+            return Batch.of_rows([])
+        _, ukeys, inverse = _grouped(keys)
         per_key = np.bincount(inverse, minlength=len(ukeys))
         totals = add_to_many(backend.table(self.STATE), ukeys, per_key)
-        if self.emit == "epoch":
-            self._changed.update(zip(ukeys, totals.tolist(), strict=True))
-            return Batch.of_rows([])
         # Running count of each record: base + its 1-based rank among its key's records.
         order = np.argsort(_narrow(inverse, len(ukeys)), kind="stable")
         starts = np.concatenate(([0], np.cumsum(per_key)[:-1]))
@@ -300,17 +338,14 @@ class CountOperator(KeyedOperator):
         return Batch.of_columns(**{self.key_field: keys, self.output: base[inverse] + rank})
 
     def flush_updates(self, backend: KeyedStateBackend) -> Batch:
-        if not self._changed:
+        if not self._pending:
             return Batch.of_rows([])
-        changed = self._changed
-        out = Batch.of_columns(
-            **{
-                self.key_field: np.array(list(changed)),
-                self.output: np.fromiter(changed.values(), dtype=np.int64, count=len(changed)),
-            }
-        )
-        self._changed = {}
-        return out
+        keys = _concatenated(self._pending)
+        self._pending = []
+        ordered, ukeys, inverse = _grouped(keys)
+        per_key = np.bincount(inverse, minlength=len(ukeys))
+        totals = add_to_many(backend.table(self.STATE), ukeys, per_key)
+        return Batch.of_columns(**{self.key_field: ordered, self.output: totals})
 
 
 class ReduceOperator(KeyedOperator):

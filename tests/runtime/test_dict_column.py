@@ -171,6 +171,41 @@ def test_count_per_epoch_of_a_dict_column_equals_the_plain_array_path() -> None:
     assert counts(True) == counts(False)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_count_per_epoch_over_several_flushes_equals_a_plain_model(seed: int) -> None:
+    """Batches counted together at each flush (dictionary-encoded, plain str, int and object
+    keys, a value twice in one dictionary): each flush emits every key updated since the
+    last with its total, the state holds every total, as a dict of counts would."""
+    rng = np.random.default_rng(seed)
+    op = CountOperator("c", "k", output="n", emit="epoch")
+    backend = HashMapKeyedStateBackend(128, key_group_range(0, 1, 128))
+    op.open(backend)
+    model: Counter[Any] = Counter()
+    names = np.array(["x", "y", "z", "w", "x", "v"])
+    for _ in range(4):
+        changed: dict[Any, int] = {}
+        for _ in range(int(rng.integers(0, 4))):
+            kind = int(rng.integers(0, 4))
+            size = int(rng.integers(0, 30))
+            keys: Any
+            if kind == 0:
+                keys = DictColumn(rng.integers(0, len(names), size=size), names)
+            elif kind == 1:
+                keys = rng.choice(names, size=size)
+            elif kind == 2:
+                keys = rng.integers(0, 5, size=size)
+            else:
+                keys = _objects(*rng.choice(["x", "y", 3, 4], size=size).tolist())
+            assert not len(op.process(Batch.of_columns(k=keys), backend))
+            for key in np.asarray(keys).tolist():
+                model[key] += 1
+                changed[key] = model[key]
+        rows = op.flush_updates(backend).rows
+        assert {row["k"]: row["n"] for row in rows} == changed
+        assert len(rows) == len(changed)
+    assert backend.table("count") == dict(model)
+
+
 # ----------------------------------------------------------------------------- sink and source
 
 
