@@ -13,8 +13,9 @@ table through the backend's current key. Vectorized built-in operators use the t
 
 **Tables and mutation.** A value read from a table may be mutated in place (a list appended to,
 a dict updated): the backend treats every key read or written since the last
-:meth:`KeyedStateBackend.take_changes` as changed. That is what makes the epoch-to-epoch
-changelog and RocksDB's write-back cache correct without asking operators to write back.
+:meth:`KeyedStateBackend.take_changes` as changed (a table of numbers, which cannot change in
+place, counts only the keys written). That is what makes the epoch-to-epoch changelog and
+RocksDB's write-back cache correct without asking operators to write back.
 
 **Snapshots** have two phases, as in Flink: :meth:`KeyedStateBackend.snapshot` is the
 synchronous part, run on the task thread while processing waits; it only captures (a

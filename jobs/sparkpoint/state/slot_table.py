@@ -28,15 +28,18 @@ __all__ = ["COLUMN_SERIALIZERS", "SlotColumns", "SlotTable"]
 COLUMN_SERIALIZERS = {"int64": np.dtype(np.int64), "float64": np.dtype(np.float64)}
 _MISSING: Any = object()
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+_ITEMS_CHUNK = 4096
 
 
 class SlotColumns(Mapping[Any, Any]):
-    """Keys and values as two lists (a capture of a :class:`SlotTable`, or its changes):
-    a read-only mapping that lists its columns without building a dict."""
+    """Keys and values as two columns (a capture of a :class:`SlotTable`, or its changes): a
+    read-only mapping that lists its columns without building a dict. Columns given as numpy
+    arrays become lists when first asked for (a capture's synchronous part only copies
+    arrays; the asynchronous part lists them)."""
 
     __slots__ = ("_dict", "_keys", "_values")
 
-    def __init__(self, keys: list[Any], values: list[Any]) -> None:
+    def __init__(self, keys: list[Any] | np.ndarray, values: list[Any] | np.ndarray) -> None:
         self._keys = keys
         self._values = values
         self._dict: dict[Any, Any] | None = None
@@ -45,21 +48,27 @@ class SlotColumns(Mapping[Any, Any]):
         return len(self._keys)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._keys)
+        return iter(self.keys())
 
     def __getitem__(self, key: Any) -> Any:
         if self._dict is None:
-            self._dict = dict(zip(self._keys, self._values, strict=True))
+            self._dict = dict(zip(self.keys(), self.values(), strict=True))
         return self._dict[key]
 
     def keys(self) -> list[Any]:  # type: ignore[override]
-        return self._keys
+        keys = self._keys
+        if isinstance(keys, np.ndarray):
+            keys = self._keys = keys.tolist()
+        return keys
 
     def values(self) -> list[Any]:  # type: ignore[override]
-        return self._values
+        values = self._values
+        if isinstance(values, np.ndarray):
+            values = self._values = values.tolist()
+        return values
 
     def items(self) -> Iterator[tuple[Any, Any]]:  # type: ignore[override]
-        return zip(self._keys, self._values, strict=True)
+        return zip(self.keys(), self.values(), strict=True)
 
 
 class SlotTable:
@@ -155,8 +164,11 @@ class SlotTable:
         return self._values[self._live()].tolist()
 
     def items(self) -> Iterator[tuple[Any, Any]]:
+        """The entries, listed a chunk at a time (a sample of the first few lists little)."""
         live = self._live()
-        return zip(self._keys[live].tolist(), self._values[live].tolist(), strict=True)
+        for start in range(0, len(live), _ITEMS_CHUNK):
+            chunk = live[start : start + _ITEMS_CHUNK]
+            yield from zip(self._keys[chunk].tolist(), self._values[chunk].tolist(), strict=True)
 
     # ------------------------------------------------------------------------- batches
 
@@ -225,7 +237,7 @@ class SlotTable:
     def copy(self) -> SlotColumns:
         """The live entries now (the synchronous part of a snapshot: a copy of columns)."""
         live = self._live()
-        return SlotColumns(self._keys[live].tolist(), self._values[live].tolist())
+        return SlotColumns(self._keys[live], self._values[live])
 
     def take_changes(self, deleted: Any) -> SlotColumns:
         """The keys written since the last call and their values (``deleted`` for a removed
