@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.records import Batch, Column, DictColumn
+from sparkpoint.records import Batch, Column, DictColumn, object_array
 from sparkpoint.state.backend import KeyedStateBackend, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.timers import InternalTimerService, TimerService
@@ -182,10 +182,7 @@ def _grouped(keys: np.ndarray | DictColumn) -> tuple[np.ndarray, list[Any], np.n
     try:
         uniq, inverse = np.unique(keys, return_inverse=True)
     except TypeError:  # an object array whose values cannot be ordered: first-seen order
-        slot: dict[Any, int] = {}
-        codes = [slot.setdefault(key, len(slot)) for key in keys.tolist()]
-        ukeys = list(slot)
-        return _objects(ukeys), ukeys, np.array(codes, dtype=np.int64)
+        return _group_codes(DictColumn._of(np.arange(len(keys)), keys))
     return uniq, uniq.tolist(), inverse.reshape(-1)
 
 
@@ -209,13 +206,7 @@ def _group_codes(keys: DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
     for code, key in zip(occurs.tolist(), keys.values[occurs].tolist(), strict=True):
         remap[code] = slot.setdefault(key, len(slot))
     ukeys = list(slot)
-    return _objects(ukeys), ukeys, remap[keys.codes]
-
-
-def _objects(items: list[Any]) -> np.ndarray:
-    """``items`` as a 1-D object array: each keeps its type (``np.array`` would turn ``[1,
-    "x"]`` into strings and tuples into rows)."""
-    return np.fromiter(items, dtype=object, count=len(items))
+    return object_array(ukeys), ukeys, remap[keys.codes]
 
 
 def _concatenated(parts: list[np.ndarray | DictColumn]) -> np.ndarray | DictColumn:

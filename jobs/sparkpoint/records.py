@@ -133,6 +133,12 @@ class DictColumn:
         return f"DictColumn({len(self)} records, {len(self.values)} values, dtype={self.dtype})"
 
 
+def object_array(items: list[Any]) -> np.ndarray:
+    """``items`` as a 1-D object array, each element as it is (``np.array`` would turn
+    ``[1, "x"]`` into strings and tuples into rows)."""
+    return np.fromiter(items, dtype=object, count=len(items))
+
+
 def _dict_column(codes: np.ndarray, values: np.ndarray) -> DictColumn:
     """Rebuild a pickled :class:`DictColumn` (its codes were checked when it was made)."""
     return DictColumn._of(codes, values)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.records import object_array
 
 __all__ = ["COLUMN_SERIALIZERS", "SlotColumns", "SlotTable"]
 
@@ -287,7 +288,7 @@ class SlotTable:
         if end > len(self._values):
             self._reserve(max(end, 2 * len(self._values), 1024))
         self._slot.update(zip(keys, range(start, end), strict=True))
-        self._keys[start:end] = _object_array(keys)
+        self._keys[start:end] = object_array(keys)
         return np.arange(start, end, dtype=np.int64)
 
     def _reserve(self, capacity: int) -> None:
@@ -329,8 +330,3 @@ class SlotTable:
                 f"{key!r} was given {value!r} ({type(value).__name__}), which it cannot hold"
             )
         return value
-
-
-def _object_array(items: list[Any]) -> np.ndarray:
-    """``items`` as a 1-d object array (tuples stay elements, not rows)."""
-    return np.fromiter(items, dtype=object, count=len(items))
