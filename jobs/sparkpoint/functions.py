@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.hash_grouping import unique_strings
 from sparkpoint.records import Batch, Column, DictColumn, object_array
 from sparkpoint.state.backend import KeyedStateBackend, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
@@ -175,28 +176,38 @@ class KeyedProcessFunction:
 
 
 def _grouped(keys: np.ndarray | DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
-    """The distinct keys of ``keys`` in sorted order (as an array and as a list) and each
-    record's index into them."""
+    """The distinct keys of ``keys`` (as an array and as a list; sorted, or in hash order for
+    many strings) and each record's index into them."""
     if isinstance(keys, DictColumn):
         return _group_codes(keys)
     try:
-        uniq, inverse = np.unique(keys, return_inverse=True)
+        uniq, inverse = _unique(keys)
     except TypeError:  # an object array whose values cannot be ordered: first-seen order
         return _group_codes(DictColumn._of(np.arange(len(keys)), keys))
     return uniq, uniq.tolist(), inverse.reshape(-1)
 
 
+def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy.unique(values, return_inverse=True)``; many strings are grouped by hash
+    (:mod:`sparkpoint.hash_grouping`), so their groups come in hash order, not sorted."""
+    found = unique_strings(values) if values.ndim == 1 else None
+    if found is not None:
+        return found
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
 def _group_codes(keys: DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
     """:func:`_grouped` of a dictionary-encoded column, touching only the values whose code
     occurs (``np.bincount``). Strings and integers (equal as numpy values iff equal as keys)
-    are sorted and merged in numpy, as ``numpy.unique`` gives them for a plain array;
+    are merged in numpy, as :func:`_unique` gives them for a plain array;
     values of an object array that are equal as Python keys (a repeated value, or ``1`` and
     ``1.0``) share one index through a dict, as they share one state entry."""
     occurs = np.flatnonzero(np.bincount(keys.codes, minlength=len(keys.values)))
     present = keys.values[occurs]
     remap = np.zeros(len(keys.values), dtype=np.int64)
     if present.dtype.kind in "USiu":
-        ordered, inverse = np.unique(present, return_inverse=True)
+        ordered, inverse = _unique(present)
         remap[occurs] = inverse.reshape(-1)
         return ordered, ordered.tolist(), remap[keys.codes]
     # An object array whose values cannot be ordered keeps code order.

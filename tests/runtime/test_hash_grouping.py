@@ -1,0 +1,62 @@
+"""Grouping strings by hash gives numpy.unique's groups, and refuses what it cannot group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkpoint import hash_grouping
+from sparkpoint.hash_grouping import MIN_VALUES, unique_strings
+
+
+def _same_groups(values: np.ndarray) -> None:
+    found = unique_strings(values)
+    assert found is not None
+    distinct, inverse = found
+    expected, expected_inverse = np.unique(values, return_inverse=True)
+    assert sorted(distinct.tolist()) == expected.tolist()
+    assert distinct.dtype == values.dtype
+    np.testing.assert_array_equal(distinct[inverse], values)
+    # Two values share a group exactly when numpy.unique puts them in one.
+    pairs = set(zip(inverse.tolist(), expected_inverse.reshape(-1).tolist(), strict=True))
+    assert len(pairs) == len(distinct)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.text(max_size=12), min_size=1, max_size=60),
+    st.integers(0, 2**32 - 1),
+)
+def test_str_groups_are_numpys_groups(alphabet: list[str], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    words = np.array(alphabet, dtype=str)  # trailing NULs go, as numpy compares them
+    _same_groups(words[rng.integers(0, len(words), MIN_VALUES + 50)])
+
+
+def test_bytes_and_many_keys_group_like_numpy() -> None:
+    rng = np.random.default_rng(7)
+    names = np.array([f"app-{i}" for i in range(200_000)])
+    _same_groups(names[rng.integers(0, len(names), 300_000)])
+    raw = np.array([f"k{i}".encode() for i in range(5000)], dtype="S")
+    _same_groups(raw[rng.integers(0, len(raw), 20_000)])
+
+
+def test_short_wide_or_other_arrays_are_left_to_numpy() -> None:
+    assert unique_strings(np.array(["a", "b"] * 10)) is None
+    assert unique_strings(np.arange(MIN_VALUES * 2)) is None
+    wide = np.array(["x" * 100, "y" * 100] * MIN_VALUES)
+    assert unique_strings(wide) is None
+
+
+def test_a_hash_collision_falls_back_instead_of_merging_two_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    values = np.array(["a", "b", "c"] * MIN_VALUES)
+
+    def one_hash(strings: np.ndarray) -> np.ndarray:
+        return np.zeros(len(strings), dtype=np.uint64)
+
+    monkeypatch.setattr(hash_grouping, "_hashes", one_hash)
+    assert unique_strings(values) is None
