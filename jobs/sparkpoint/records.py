@@ -127,7 +127,11 @@ class DictColumn:
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
-        return (_dict_column, (self.codes, self.values))  # pickles codes and values only
+        # Codes and values only; ASCII str values as one byte per character, not four.
+        narrow = _ascii_bytes(self.values)
+        if narrow is not None:
+            return (_dict_column_ascii, (self.codes, narrow))
+        return (_dict_column, (self.codes, self.values))
 
     def __repr__(self) -> str:
         return f"DictColumn({len(self)} records, {len(self.values)} values, dtype={self.dtype})"
@@ -142,6 +146,25 @@ def object_array(items: list[Any]) -> np.ndarray:
 def _dict_column(codes: np.ndarray, values: np.ndarray) -> DictColumn:
     """Rebuild a pickled :class:`DictColumn` (its codes were checked when it was made)."""
     return DictColumn._of(codes, values)
+
+
+def _ascii_bytes(values: np.ndarray) -> np.ndarray | None:
+    """A ``U`` array whose characters are all ASCII as an ``S`` array of the same width (a
+    quarter of the bytes to pickle and ship), else None. Both pad with NULs alike."""
+    width = values.dtype.itemsize // 4
+    if values.dtype.kind != "U" or not values.size or not width:
+        return None
+    points = np.ascontiguousarray(values).view(np.uint32).reshape(-1, width)
+    if int(points.max()) >= 0x80:
+        return None
+    return points.astype(np.uint8).view(f"S{width}").reshape(-1)
+
+
+def _dict_column_ascii(codes: np.ndarray, narrow: np.ndarray) -> DictColumn:
+    """Rebuild a :class:`DictColumn` pickled with :func:`_ascii_bytes` values (str again)."""
+    width = narrow.dtype.itemsize
+    points = narrow.view(np.uint8).reshape(-1, width).astype(np.uint32)
+    return DictColumn._of(codes, points.view(f"U{width}").reshape(-1))
 
 
 #: A column of a columnar :class:`Batch`.

@@ -263,3 +263,18 @@ def test_generated_app_ids_are_the_records_the_source_always_produced() -> None:
             assert len(col.values) <= max(len(batch), 1) or len(col.values) == src.apps
             assert col.tolist() == app_ids_before(src, split, start, end)
             assert batch.rows == src.read(split, start, end).rows
+
+
+def test_a_pickled_dict_column_of_ascii_str_ships_one_byte_per_character() -> None:
+    ascii_values = np.array([f"app-{i}" for i in range(1000)] + ["", "a\x00b"])
+    column = DictColumn(np.arange(len(ascii_values)) % len(ascii_values), ascii_values)
+    blob = pickle.dumps(column, protocol=5)
+    back = pickle.loads(blob)
+    assert back.values.dtype == ascii_values.dtype
+    assert back.values.tolist() == ascii_values.tolist()
+    assert back.codes.tolist() == column.codes.tolist()
+    assert len(blob) < ascii_values.nbytes / 2  # UTF-32 would need all of nbytes
+    wide = np.array(["é", "naïve", "a"])  # not ASCII: shipped as it is
+    back = pickle.loads(pickle.dumps(DictColumn([2, 0, 1], wide)))
+    assert back.values.tolist() == wide.tolist()
+    assert back.decode().tolist() == ["a", "é", "naïve"]
