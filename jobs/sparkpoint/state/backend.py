@@ -125,11 +125,12 @@ class StateTable(Protocol):
 
 def add_to_many(table: StateTable, keys: list[Any], deltas: np.ndarray) -> np.ndarray:
     """Add ``deltas[i]`` to the number of ``keys[i]`` (0 where absent) for distinct ``keys``;
-    the new values. A table that keeps numbers in columns does it in one pass (``add_many``);
-    any other reads and writes the batch."""
+    the new values. A table that keeps numbers does it in one pass (``add_many``, which
+    answers None for a state it cannot add to); any other reads and writes the batch."""
     add_many = getattr(table, "add_many", None)
-    if add_many is not None:
-        return add_many(keys, deltas)
+    totals = None if add_many is None else add_many(keys, deltas)
+    if totals is not None:
+        return totals
     base = np.fromiter(table.get_many(keys, 0), dtype=np.int64, count=len(keys))
     totals = base + deltas
     table.put_many(keys, totals.tolist())

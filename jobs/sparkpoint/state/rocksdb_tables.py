@@ -7,7 +7,9 @@ caller may mutate the value in place), writes go to the cache, and
 in :mod:`sparkpoint.state.rocksdb_store`) and empties the cache, or keeps it clean for a
 snapshot. :meth:`RocksDBStateTable.put_many`, the vectorized
 operators' write, goes through to RocksDB at once and leaves its values cached *clean*, so a
-snapshot's synchronous part has only what was read key by key left to write. A value handed
+snapshot's synchronous part has only what was read key by key left to write;
+:meth:`RocksDBStateTable.add_many` (a count or sum of an ``int64``/``float64`` state) reads,
+adds and writes through in numpy, with no Python value per key. A value handed
 out stays the cache's until the next call on the same table, which may flush the cache when
 it holds more than ``cache_entries`` keys: mutate a value before touching the table again.
 """
@@ -33,8 +35,11 @@ from sparkpoint.state.serializers import (
     encode_value,
     serializer_named,
 )
+from sparkpoint.state.slot_table import refused_value
 
 DEFAULT_CACHE_ENTRIES = 100_000
+# Value states whose serializer writes a fixed-width number (little endian), as numpy reads it.
+_NUMBERS = {"int64": np.dtype("<i8"), "float64": np.dtype("<f8")}
 #: put_many writes a batch per this many bytes of keys and values.
 WRITE_BATCH_BYTES = 1 << 20
 
@@ -251,6 +256,51 @@ class RocksDBStateTable:
             self._db.write(batch)
         self._clean.update(keys)
         self.touched.update(keys)
+
+    def add_many(self, keys: list[Any], deltas: np.ndarray) -> np.ndarray | None:
+        """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
+        ``keys`` of an ``int64`` or ``float64`` value state: one multi-get, the sums in numpy
+        and the writes through to RocksDB as :meth:`put_many` does, with no Python value per
+        key; the new values. A sum that leaves ``int64`` is refused (naming its key) before
+        anything is written. None for any other state: the caller reads and writes."""
+        dtype = _NUMBERS.get(self.info.serializer) if self._kind == "value" else None
+        if dtype is None or not keys:
+            return None
+        self.flush()  # what was cached key by key is RocksDB's before the read
+        db_keys = self.db_keys_of(keys)
+        base = self._numbers(multi_get(self._db, db_keys), dtype)
+        totals = base + deltas.astype(dtype, copy=False)
+        if dtype.kind == "i":
+            wrapped = np.flatnonzero(((base ^ totals) & (deltas ^ totals)) < 0)
+            if len(wrapped):
+                first = int(wrapped[0])
+                value = int(base[first]) + int(deltas[first])
+                raise refused_value(self.info.name, self.info.serializer, keys[first], value)
+        data, width = totals.tobytes(), dtype.itemsize
+        values = [data[i : i + width] for i in range(0, len(data), width)]
+        step = max(1, WRITE_BATCH_BYTES // (len(db_keys[0]) + width))
+        for a in range(0, len(keys), step):
+            batch = WriteBatch(raw_mode=True)
+            for _ in map(batch.put, db_keys[a : a + step], values[a : a + step]):
+                pass
+            self._db.write(batch)
+        self.touched.update(keys)
+        return totals
+
+    def _numbers(self, stored: list[bytes | None], dtype: np.dtype[Any]) -> np.ndarray:
+        """The stored numbers (0 where absent): decoded at once when every one has the
+        serializer's width, else one by one (a damaged value raises its own error)."""
+        present = np.fromiter(
+            map(operator.is_not, stored, repeat(None)), dtype=bool, count=len(stored)
+        )
+        found = [data for data in stored if data is not None]
+        joined = b"".join(found)
+        numbers = np.zeros(len(stored), dtype=dtype)
+        if len(joined) == len(found) * dtype.itemsize:
+            numbers[present] = np.frombuffer(joined, dtype=dtype)
+        else:
+            numbers[present] = [self.decode(data) for data in found]
+        return numbers
 
     def __len__(self) -> int:
         """The number of keys with a value (flushes, then counts in RocksDB)."""

@@ -24,7 +24,7 @@ import numpy as np
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.records import object_array
 
-__all__ = ["COLUMN_SERIALIZERS", "SlotColumns", "SlotTable"]
+__all__ = ["COLUMN_SERIALIZERS", "SlotColumns", "SlotTable", "refused_value"]
 
 COLUMN_SERIALIZERS = {"int64": np.dtype(np.int64), "float64": np.dtype(np.float64)}
 _MISSING: Any = object()
@@ -325,8 +325,13 @@ class SlotTable:
         else:
             ok = isinstance(value, (int, float, np.integer, np.floating))
         if not ok:
-            raise ConfigurationError(
-                f"keyed state {self._name!r} declares serializer {self._serializer!r}; key "
-                f"{key!r} was given {value!r} ({type(value).__name__}), which it cannot hold"
-            )
+            raise refused_value(self._name, self._serializer, key, value)
         return value
+
+
+def refused_value(state: str, serializer: str, key: Any, value: Any) -> ConfigurationError:
+    """The error for a value that a number state's serializer cannot write."""
+    return ConfigurationError(
+        f"keyed state {state!r} declares serializer {serializer!r}; key "
+        f"{key!r} was given {value!r} ({type(value).__name__}), which it cannot hold"
+    )

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.state.backend import StateInfo
+from sparkpoint.state.backend import StateInfo, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange, key_group_for
 from sparkpoint.state.rocksdb import RocksDBKeyedStateBackend
@@ -253,3 +254,29 @@ def test_put_many_writes_in_batches_and_a_snapshot_keeps_the_cache_clean(tmp_pat
     assert len(cache) == 0 and len(stored) == 2_999
     assert stored[5] == b"five" and 6 not in stored and stored[2_999] == _value(2_999)[:1_000]
     backend.close()
+
+
+def test_add_many_adds_numbers_in_one_pass_and_refuses_a_wrapping_sum(
+    backend: RocksDBKeyedStateBackend,
+) -> None:
+    backend.get_state(ValueStateDescriptor("total", serializer="int64"))
+    backend.get_state(ValueStateDescriptor("mean", serializer="float64"))
+    totals = backend.table("total")
+    totals.put_many(["a", "b"], [1, 2])
+    backend.set_current_key("c")  # a value set key by key, still in the write-back cache
+    backend.get_state(ValueStateDescriptor("total", serializer="int64")).update(5)
+    added = add_to_many(totals, ["a", "c", "d"], np.array([10, 20, 30], dtype=np.int64))
+    assert added.tolist() == [11, 25, 30]
+    assert _table(backend, "total") == {"a": 11, "b": 2, "c": 25, "d": 30}
+    means = backend.table("mean")
+    assert add_to_many(means, ["x"], np.array([0.5])).tolist() == [0.5]
+    assert add_to_many(means, ["x", "y"], np.array([1.25, 2.0])).tolist() == [1.75, 2.0]
+    assert _table(backend, "mean") == {"x": 1.75, "y": 2.0}
+    with pytest.raises(ConfigurationError, match="key 'b' was given 9223372036854775809"):
+        add_to_many(totals, ["a", "b"], np.array([1, 2**63 - 1], dtype=np.int64))
+    assert _table(backend, "total") == {"a": 11, "b": 2, "c": 25, "d": 30}  # nothing written
+    backend.get_state(COUNT)  # a state of another serializer reads and writes key by key
+    counts = backend.table("count")
+    assert counts.add_many(["a"], np.array([1])) is None
+    assert add_to_many(counts, ["a"], np.array([4])).tolist() == [4]
+    assert _table(backend, "count") == {"a": 4}
