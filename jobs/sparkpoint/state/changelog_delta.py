@@ -159,7 +159,13 @@ class Delta:
         Raises:
             CorruptSnapshotError: as :meth:`entries`.
         """
-        for name, _groups, keys, values in self._columns_in(backend.key_group_range):
+        inside = backend.key_group_range
+        if inside.start <= self.key_group_range.start and self.key_group_range.end <= inside.end:
+            # Every key of the file is in its own range, so in the backend's: none to hash.
+            for name, keys, values in self._decoded():
+                backend.load_columns(name, keys, values)
+            return
+        for name, _groups, keys, values in self._columns_in(inside):
             backend.load_columns(name, keys, values)
 
     def _columns_in(
@@ -167,7 +173,14 @@ class Delta:
     ) -> Iterator[tuple[str, list[int], list[Any], list[Any]]]:
         """Per state: its name and the key groups, keys and values of its keys in
         ``key_group_range``."""
-        for name, groups, keys, values in self._decoded():
+        for name, keys, values in self._decoded():
+            try:
+                array = np.fromiter(keys, dtype=object, count=len(keys))
+                groups = key_groups_of(array, self.max_parallelism)
+            except Exception as err:
+                raise CorruptSnapshotError(
+                    f"{self.where}: the keys of state {name!r} do not hash: {err!r}"
+                ) from err
             inside = (groups >= key_group_range.start) & (groups <= key_group_range.end)
             if inside.all():
                 yield name, groups.tolist(), keys, values
@@ -180,8 +193,8 @@ class Delta:
                 [values[i] for i in positions],
             )
 
-    def _decoded(self) -> Iterator[tuple[str, np.ndarray, list[Any], list[Any]]]:
-        """Per state: its name, the key group of each key, the keys and the values."""
+    def _decoded(self) -> Iterator[tuple[str, list[Any], list[Any]]]:
+        """Per state: its name, the keys and the values."""
         for name, kind, serializer_name, as_str, keys, dtype, packed in self._columns:
             try:
                 serializer = serializer_named(serializer_name, self.where)
@@ -193,15 +206,13 @@ class Delta:
                     values = decode_values(kind, serializer, packed)
                 if len(values) != len(keys):
                     raise ValueError(f"{len(keys)} keys but {len(values)} values")
-                array = np.fromiter(keys, dtype=object, count=len(keys))
-                groups = key_groups_of(array, self.max_parallelism)
             except CorruptSnapshotError:
                 raise
             except Exception as err:
                 raise CorruptSnapshotError(
                     f"{self.where}: the entries of state {name!r} do not decode: {err!r}"
                 ) from err
-            yield name, groups, keys, values
+            yield name, keys, values
 
 
 def decode_delta(blob: bytes | bytearray | memoryview, where: str) -> Delta:

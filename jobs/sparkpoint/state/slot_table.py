@@ -232,8 +232,22 @@ class SlotTable:
             self._len -= 1
 
     def raw_update(self, keys: list[Any], values: list[Any]) -> None:
-        """Set many values without counting them as changes (a restore)."""
-        self._put(keys, values)
+        """Set many values without counting them as changes (a restore). Into an empty table
+        (a working state's base), distinct keys take their slots in order: no lookups."""
+        if self._slot or not keys:
+            self._put(keys, values)
+            return
+        slot = dict(zip(keys, range(len(keys)), strict=False))
+        if len(slot) < len(keys):  # a repeated key: the last one wins, as in a dict
+            self._put(keys, values)
+            return
+        numbers = self._column(keys, values)
+        self._reserve(max(len(keys), 1024))
+        self._slot = slot
+        self._keys[: len(keys)] = object_array(keys)
+        self._values[: len(keys)] = numbers
+        self._present[: len(keys)] = True
+        self._len = len(keys)
 
     def copy(self) -> SlotColumns:
         """The live entries now (the synchronous part of a snapshot: a copy of columns)."""

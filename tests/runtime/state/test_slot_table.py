@@ -18,7 +18,7 @@ from sparkpoint.records import Batch
 from sparkpoint.state.backend import DELETED, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend, TrackedTable
-from sparkpoint.state.slot_table import SlotTable
+from sparkpoint.state.slot_table import SlotColumns, SlotTable
 from sparkpoint.testing import MemorySnapshotTarget, snapshot_blob
 
 from .conftest import FULL
@@ -159,3 +159,17 @@ def test_a_count_restored_from_a_pickle_snapshot_keeps_pickle_and_counts_on() ->
     fresh = HashMapKeyedStateBackend(128, FULL)
     count.open(fresh)
     assert fresh.state_infos["count"].serializer == "int64"
+
+
+def test_raw_update_of_an_empty_table_takes_slots_in_order_and_a_repeat_keeps_the_last() -> None:
+    table = SlotTable("n", "int64")
+    table.raw_update(["a", "b", "c"], [1, 2, 3])
+    assert table == {"a": 1, "b": 2, "c": 3} and len(table) == 3
+    assert table.take_changes(DELETED) == SlotColumns([], [])  # a restore is not a change
+    table.raw_update(["c", "d"], [30, 4])
+    assert table == {"a": 1, "b": 2, "c": 30, "d": 4}
+    repeated = SlotTable("n", "int64")
+    repeated.raw_update(["x", "y", "x"], [1, 2, 3])
+    assert repeated == {"x": 3, "y": 2} and len(repeated) == 2
+    with pytest.raises(ConfigurationError, match="key 'z' was given 'no'"):
+        SlotTable("n", "int64").raw_update(["z"], ["no"])
