@@ -12,8 +12,6 @@ names the first problem: the bytes written and the errors raised are always the 
 from __future__ import annotations
 
 import operator
-import pickle
-import struct
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, pairwise, repeat
@@ -25,15 +23,18 @@ import numpy as np
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.backend import DELETED, StateInfo
+from sparkpoint.state.column_codec import (
+    decode_keys,
+    decode_values,
+    encode_keys,
+    encode_values,
+    str_keys_fixed,
+)
 from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange
 from sparkpoint.state.msgpack_rows import concatenated, pack_blocks
 from sparkpoint.state.serializers import (
-    Float64Serializer,
-    Int64Serializer,
-    PickleSerializer,
     TypeSerializer,
     decode_key,
-    decode_value,
     encode_key,
     encode_value,
 )
@@ -46,8 +47,6 @@ Body = tuple[list[bytes], list[list[int]], list[int], list[int]]
 _NONE_TYPE = type(None)
 # A numpy sort of the encoded keys takes a fixed-width copy of them: up to this many bytes.
 _SORT_COPY_LIMIT = 256 << 20
-# Serializers of 8-byte values: their struct format and numpy dtype.
-_FIXED = {Int64Serializer: ("<q", "<i8"), Float64Serializer: ("<d", "<f8")}
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -150,7 +149,8 @@ def _encode_body(
         kg, si, positions = kg[by_state], si[by_state], by_state.tolist()
         keys = list(map(keys.__getitem__, positions))
         values = list(map(values.__getitem__, positions))
-    key_bytes: list[bytes] = []
+    # The keys of each state as bytes objects, or as one fixed-width array (ASCII str keys).
+    key_parts: list[list[bytes] | np.ndarray] = []
     value_bytes: list[Any] = []  # bytes, None for a tombstone
     bounds = np.flatnonzero(np.diff(si)) + 1
     for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), n], strict=True):
@@ -161,17 +161,26 @@ def _encode_body(
                 return None
             if not set(map(type, part_values)) <= {bytes, _NONE_TYPE}:
                 return None
-            key_bytes.extend(part_keys)
+            key_parts.append(part_keys)
             value_bytes.extend(part_values)
         else:
-            key_bytes.extend(encode_keys(part_keys))
+            fixed = str_keys_fixed(part_keys) if set(map(type, part_keys)) == {str} else None
+            key_parts.append(encode_keys(part_keys) if fixed is None else fixed)
             value_bytes.extend(encode_values(kind, serializer, part_values))
     tombstones = None in set(map(type, value_bytes))
     if tombstones and not changelog:
         return None
     # Step 3: sort by key group, state, key bytes; equal neighbours (a key twice) give up.
-    key_lengths = np.fromiter(map(len, key_bytes), dtype=np.int64, count=n)
-    ordered = _order(kg, si, key_bytes, key_lengths)
+    key_fixed = _fixed_keys(key_parts)
+    ordered: tuple[np.ndarray, np.ndarray | None] | None
+    if key_fixed is not None:
+        key_lengths = np.strings.str_len(key_fixed).astype(np.int64)
+        key_bytes: list[bytes] = []  # listed only if a fallback below needs them
+        ordered = _order_fixed(kg, si, key_fixed)
+    else:
+        key_bytes = [key for part in key_parts for key in _listed(part)]
+        key_lengths = np.fromiter(map(len, key_bytes), dtype=np.int64, count=n)
+        ordered = _order(kg, si, key_bytes, key_lengths)
     if ordered is None:
         return None
     order, sorted_keys = ordered
@@ -200,6 +209,7 @@ def _encode_body(
         lengths,
     )
     if blocks is None:
+        key_bytes = key_bytes or [key for part in key_parts for key in _listed(part)]
         blocks = _packed_one_by_one(cuts, si.tolist(), positions, key_bytes, value_bytes)
     table: list[list[int]] = []
     offset = 0
@@ -244,6 +254,32 @@ def _one(position: int) -> Callable[[list[Any]], tuple[Any]]:
     return lambda items: (items[position],)
 
 
+def _listed(part: list[bytes] | np.ndarray) -> list[bytes]:
+    return part.tolist() if isinstance(part, np.ndarray) else part
+
+
+def _fixed_keys(parts: list[list[bytes] | np.ndarray]) -> np.ndarray | None:
+    """The keys of every state as one fixed-width array, when each state's keys are one and
+    the copy stays small; else None."""
+    if not all(isinstance(part, np.ndarray) for part in parts):
+        return None
+    arrays = [part for part in parts if isinstance(part, np.ndarray)]
+    width = max(array.dtype.itemsize for array in arrays)
+    if width * sum(map(len, arrays)) > _SORT_COPY_LIMIT:
+        return None
+    return np.concatenate(arrays).astype(f"S{width}", copy=False)
+
+
+def _order_fixed(
+    kg: np.ndarray, si: np.ndarray, fixed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_order` of keys given as a fixed-width array (none ending in a zero byte)."""
+    order = np.lexsort((fixed, si, kg))
+    fixed, kg, si = fixed[order], kg[order], si[order]
+    tie = (fixed[1:] == fixed[:-1]) & (si[1:] == si[:-1]) & (kg[1:] == kg[:-1])
+    return None if tie.any() else (order, fixed)
+
+
 def _order(
     kg: np.ndarray, si: np.ndarray, key_bytes: list[bytes], lengths: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -253,42 +289,13 @@ def _order(
     does not tell apart: the reference code sorts those)."""
     width = max(int(lengths.max()), 1)
     if width * len(key_bytes) <= _SORT_COPY_LIMIT:
-        fixed = np.array(key_bytes, dtype=f"S{width}")
-        order = np.lexsort((fixed, si, kg))
-        fixed, kg, si = fixed[order], kg[order], si[order]
-        tie = (fixed[1:] == fixed[:-1]) & (si[1:] == si[:-1]) & (kg[1:] == kg[:-1])
-        return None if tie.any() else (order, fixed)
+        return _order_fixed(kg, si, np.array(key_bytes, dtype=f"S{width}"))
     triples = list(zip(kg.tolist(), si.tolist(), key_bytes, strict=True))
     positions = sorted(range(len(triples)), key=triples.__getitem__)
     ordered = list(map(triples.__getitem__, positions))
     if any(map(operator.eq, ordered, islice(ordered, 1, None))):
         return None
     return np.array(positions, dtype=np.int64), None
-
-
-def encode_keys(keys: Sequence[Any]) -> list[bytes]:
-    """:func:`~sparkpoint.state.serializers.encode_key` of every key (str keys at once)."""
-    types = set(map(type, keys))
-    if types == {str}:
-        return [b"\x03" + key.encode("utf-8", "surrogatepass") for key in keys]
-    if types == {bytes}:
-        return [b"\x04" + key for key in keys]
-    return list(map(encode_key, keys))
-
-
-def encode_values(kind: str, serializer: TypeSerializer, values: Sequence[Any]) -> list[Any]:
-    """:func:`~sparkpoint.state.serializers.encode_value` of every value, None for a
-    ``DELETED`` one."""
-    if any(map(operator.is_, values, repeat(DELETED))):
-        return [None if v is DELETED else encode_value(kind, serializer, v) for v in values]
-    if kind != "value":
-        return [encode_value(kind, serializer, v) for v in values]
-    if type(serializer) is PickleSerializer:
-        return list(map(pickle.dumps, values, repeat(5)))
-    fixed = _FIXED.get(type(serializer))
-    if fixed is not None:
-        return list(map(struct.Struct(fixed[0]).pack, values))
-    return list(map(serializer.serialize, values))
 
 
 # ----------------------------------------------------------------------------- reference
@@ -460,25 +467,3 @@ def decode_columns(
     except Exception:  # the reference path raises the error, naming the entry
         return None
     return runs
-
-
-def decode_keys(keys: Sequence[bytes]) -> list[Any]:
-    """:func:`~sparkpoint.state.serializers.decode_key` of every key (str keys at once)."""
-    if set(map(operator.itemgetter(0), keys)) == {3}:
-        return [key[1:].decode("utf-8", "surrogatepass") for key in keys]
-    return list(map(decode_key, keys))
-
-
-def decode_values(kind: str, serializer: TypeSerializer, values: Sequence[Any]) -> list[Any]:
-    """:func:`~sparkpoint.state.serializers.decode_value` of every value, ``DELETED`` for
-    None."""
-    if None in values:
-        return [DELETED if v is None else decode_value(kind, serializer, v) for v in values]
-    if kind != "value":
-        return [decode_value(kind, serializer, v) for v in values]
-    if type(serializer) is PickleSerializer:
-        return list(map(pickle.loads, values))
-    fixed = _FIXED.get(type(serializer))
-    if fixed is not None and set(map(len, values)) == {8}:
-        return np.frombuffer(b"".join(values), dtype=fixed[1]).tolist()
-    return [decode_value(kind, serializer, v) for v in values]

@@ -32,14 +32,8 @@ import numpy as np
 
 from sparkpoint.errors import CorruptSnapshotError
 from sparkpoint.state.backend import KeyedStateBackend, StateInfo
-from sparkpoint.state.canonical_codec import (
-    EntryColumns,
-    decode_keys,
-    decode_values,
-    encode_keys,
-    encode_values,
-    encoded_entries,
-)
+from sparkpoint.state.canonical_codec import EntryColumns, encoded_entries
+from sparkpoint.state.column_codec import decode_keys, decode_values, encode_keys, encode_values
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of
 from sparkpoint.state.serializers import Float64Serializer, Int64Serializer, serializer_named
 

@@ -25,7 +25,7 @@ import numpy as np
 from rocksdict import Rdict, WriteBatch
 
 from sparkpoint.state.backend import StateInfo, key_outside_range
-from sparkpoint.state.canonical_codec import encode_keys, encode_values
+from sparkpoint.state.column_codec import encode_keys, encode_values
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
 from sparkpoint.state.rocksdb_store import iter_raw, multi_get, state_prefix, successor
 from sparkpoint.state.serializers import (

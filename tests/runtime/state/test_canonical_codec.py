@@ -187,3 +187,34 @@ def test_long_keys_are_sorted_without_a_numpy_copy(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(canonical_codec, "reference_body", refuse)
 
     assert encode(entries_of(tables)) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.dictionaries(st.text(st.characters(max_codepoint=0x7F), max_size=6), st.integers()),
+    ratios=st.dictionaries(
+        st.text(st.characters(max_codepoint=0x7F), max_size=9), st.floats(allow_nan=False)
+    ),
+)
+def test_ascii_str_keys_of_every_state_encode_as_the_reference_does(
+    counts: dict[str, int], ratios: dict[str, float]
+) -> None:
+    """The keys of all states in one fixed-width array (ASCII, none ending in NUL), and the
+    same keys with a trailing NUL (which such an array would drop) through bytes objects."""
+    states = {
+        "count": StateInfo("count", "value", "int64"),
+        "ratio": StateInfo("ratio", "value", "float64"),
+    }
+    counts = {key: value % 2**63 for key, value in counts.items()}
+    for tables in (
+        {"count": counts, "ratio": ratios},
+        {"count": {key + "\x00": value for key, value in counts.items()}, "ratio": ratios},
+    ):
+        columns = EntryColumns(tables, lambda keys: [key_group_for(key, MP) for key in keys])
+
+        def write(columns: EntryColumns = columns) -> bytes:
+            return encode(columns, states=states)  # type: ignore[arg-type]
+
+        fast = write()
+        assert fast == reference_blob(write)
+        assert list(decode_snapshot(fast, "x").entries()) == reference_entries(fast)
