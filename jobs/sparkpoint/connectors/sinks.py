@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sparkpoint.connectors.json_lines import ascii_json_lines
 from sparkpoint.errors import CheckpointError, ConfigurationError
 from sparkpoint.protocol import SinkTransactionModel
 from sparkpoint.records import Batch, Column, DictColumn
@@ -195,6 +196,9 @@ def format_json_lines(batch: Batch) -> str:
         return ""
     if not batch.is_columnar:
         return "".join(json.dumps(r) + "\n" for r in batch.rows)
+    laid_out = ascii_json_lines(batch)  # every text plain ASCII: in numpy, no call per record
+    if laid_out is not None:
+        return laid_out
     columns = batch.columns
     # One str.format per record: '{"app_id": {}, "pv": {}}' with the names' braces escaped.
     fields = (json.dumps(name).replace("{", "{{").replace("}", "}}") + ": {}" for name in columns)
