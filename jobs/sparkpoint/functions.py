@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.hash_grouping import unique_strings
+from sparkpoint.hash_grouping import group_dictionaries, unique_strings
 from sparkpoint.records import Batch, Column, DictColumn, object_array
 from sparkpoint.state.backend import KeyedStateBackend, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
@@ -220,6 +220,19 @@ def _group_codes(keys: DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
     return object_array(ukeys), ukeys, remap[keys.codes]
 
 
+def _grouped_parts(
+    parts: list[np.ndarray | DictColumn],
+) -> tuple[np.ndarray, list[Any], np.ndarray]:
+    """:func:`_grouped` of the key columns of several batches; many str keys in dictionary
+    columns are grouped where they are, without joining the columns first."""
+    columns = [part for part in parts if isinstance(part, DictColumn)]
+    if len(columns) == len(parts):
+        found = group_dictionaries([c.codes for c in columns], [c.values for c in columns])
+        if found is not None:
+            return found[0], found[0].tolist(), found[1]
+    return _grouped(_concatenated(parts))
+
+
 def _concatenated(parts: list[np.ndarray | DictColumn]) -> np.ndarray | DictColumn:
     """The key columns of several batches as one (dictionary-encoded when all are)."""
     if len(parts) == 1:
@@ -342,9 +355,8 @@ class CountOperator(KeyedOperator):
     def flush_updates(self, backend: KeyedStateBackend) -> Batch:
         if not self._pending:
             return Batch.of_rows([])
-        keys = _concatenated(self._pending)
-        self._pending = []
-        ordered, ukeys, inverse = _grouped(keys)
+        parts, self._pending = self._pending, []
+        ordered, ukeys, inverse = _grouped_parts(parts)
         per_key = np.bincount(inverse, minlength=len(ukeys))
         totals = add_to_many(backend.table(self.STATE), ukeys, per_key)
         return Batch.of_columns(**{self.key_field: ordered, self.output: totals})

@@ -32,19 +32,29 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z
 
 
-def _hashes(values: np.ndarray) -> np.ndarray | None:
+def _width(values: np.ndarray) -> int:
+    """Code units per element of a ``U`` or ``S`` array."""
+    return values.dtype.itemsize // (4 if values.dtype.kind == "U" else 1)
+
+
+def _hashes(values: np.ndarray, width: int | None = None) -> np.ndarray | None:
     """A 64-bit hash of every string of a ``U`` or ``S`` array (FNV-1a over its code units,
-    then mixed), or None when the strings are too wide to be worth it."""
+    padded with zeros to ``width`` units, the array's own by default, so that arrays of
+    different widths hash alike; then mixed), or None when the strings are too wide to be
+    worth it."""
     unit = np.uint32 if values.dtype.kind == "U" else np.uint8
-    width = values.dtype.itemsize // np.dtype(unit).itemsize
-    if not 0 < width <= MAX_WIDTH:
+    own = _width(values)
+    width = own if width is None else width
+    if not 0 < own <= width <= MAX_WIDTH:
         return None
-    units = np.ascontiguousarray(values).view(unit).reshape(len(values), width)
+    units = np.ascontiguousarray(values).view(unit).reshape(len(values), own)
     h = np.full(len(values), _FNV_OFFSET, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for column in range(width):
+        for column in range(own):
             h ^= units[:, column].astype(np.uint64)
             h *= _FNV_PRIME
+        if width > own:  # a zero unit leaves the xor as it is: only the multiplications
+            h *= np.uint64(pow(int(_FNV_PRIME), width - own, 1 << 64))
         return _mix64(h)
 
 
@@ -73,3 +83,62 @@ def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     if not np.array_equal(distinct[inverse], values):  # a collision: two strings, one hash
         return None
     return distinct, inverse
+
+
+def group_dictionaries(
+    codes: list[np.ndarray], dictionaries: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`unique_strings` of the records of several dictionary-encoded columns (record
+    ``j`` of column ``c`` is ``dictionaries[c][codes[c][j]]``) without joining their
+    dictionaries first: each dictionary is hashed where it is, and only the distinct values
+    are gathered. The records' indexes come in the columns' order. None when the dictionaries
+    are not all ``U`` (or all ``S``) arrays, are too short or too wide, or on a collision.
+    """
+    kinds = {values.dtype.kind for values in dictionaries}
+    if len(kinds) != 1 or not kinds <= {"U", "S"}:
+        return None
+    sizes = np.array([len(values) for values in dictionaries], dtype=np.int64)
+    if sizes.sum() < MIN_VALUES:
+        return None
+    width = max(map(_width, dictionaries))
+    hashes: list[np.ndarray] = []
+    for values in dictionaries:
+        h = _hashes(values, width)
+        if h is None:
+            return None
+        hashes.append(h)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    everywhere = np.concatenate(
+        [c.astype(np.int64) + start for c, start in zip(codes, starts, strict=True)]
+    )
+    occurs = np.flatnonzero(np.bincount(everywhere, minlength=int(sizes.sum())))
+    occurring = np.concatenate(hashes)[occurs]
+    order = np.argsort(occurring)
+    ordered = occurring[order]
+    first = np.empty(len(ordered), dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    group_of = np.full(int(sizes.sum()), -1, dtype=np.int64)
+    group_of[occurs[order]] = np.cumsum(first) - 1
+    # The distinct values: each group's first value, taken from the dictionary that has it
+    # (the groups sorted by where that value is, so each dictionary's share is one slice).
+    chosen = occurs[order[first]]
+    column_of = np.searchsorted(starts, chosen, side="right") - 1
+    # A stable sort of 16-bit integers is a radix sort: O(n).
+    narrow = column_of.astype(np.uint16 if len(dictionaries) <= 1 << 16 else np.int64)
+    by_place = np.argsort(narrow, kind="stable")
+    placed = chosen[by_place]
+    cuts = np.searchsorted(column_of[by_place], np.arange(len(dictionaries))).tolist()
+    cuts.append(len(placed))
+    distinct = np.empty(len(chosen), dtype=f"{next(iter(kinds))}{width}")
+    for column, values in enumerate(dictionaries):
+        a, b = cuts[column], cuts[column + 1]
+        distinct[by_place[a:b]] = values[placed[a:b] - starts[column]]
+    # Every occurring value equals its group's (a collision would merge two keys); occurs is
+    # sorted, so each dictionary's occurring values are one slice of it too.
+    cuts = [*np.searchsorted(occurs, starts).tolist(), len(occurs)]
+    for column, values in enumerate(dictionaries):
+        mine = occurs[cuts[column] : cuts[column + 1]]
+        if not np.array_equal(values[mine - starts[column]], distinct[group_of[mine]]):
+            return None
+    return distinct, group_of[everywhere]

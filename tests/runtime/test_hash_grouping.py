@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkpoint import hash_grouping
-from sparkpoint.hash_grouping import MIN_VALUES, unique_strings
+from sparkpoint.hash_grouping import MIN_VALUES, group_dictionaries, unique_strings
 
 
 def _same_groups(values: np.ndarray) -> None:
@@ -60,3 +60,38 @@ def test_a_hash_collision_falls_back_instead_of_merging_two_keys(
 
     monkeypatch.setattr(hash_grouping, "_hashes", one_hash)
     assert unique_strings(values) is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.text(max_size=9), min_size=1, max_size=30), min_size=1, max_size=6))
+def test_dictionary_columns_group_as_their_joined_records(dictionaries: list[list[str]]) -> None:
+    """Dictionaries of different widths, values that repeat within and across them, and
+    values no record uses: the groups are numpy.unique's of the records' values."""
+    rng = np.random.default_rng(len(dictionaries))
+    # Each dictionary tiled past MIN_VALUES values, so that they are many enough to hash.
+    values = [
+        np.tile(np.array(words, dtype=str), MIN_VALUES // len(words) + 2) for words in dictionaries
+    ]
+    codes = [rng.integers(0, len(v) - 1, 2000) for v in values]  # the last value unused
+    records = np.concatenate([v[c] for v, c in zip(values, codes, strict=True)])
+    found = group_dictionaries(codes, values)
+    assert found is not None
+    distinct, inverse = found
+    np.testing.assert_array_equal(distinct[inverse], records)
+    assert sorted(distinct.tolist()) == np.unique(records).tolist()
+
+
+def test_dictionaries_of_other_kinds_or_a_collision_are_left_to_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    words = np.array([f"w{i}" for i in range(MIN_VALUES)])
+    codes = np.arange(MIN_VALUES)
+    assert group_dictionaries([codes], [words]) is not None
+    assert group_dictionaries([codes, codes], [words, np.arange(MIN_VALUES)]) is None
+    assert group_dictionaries([codes, codes], [words, words.astype("S")]) is None
+
+    def one_hash(strings: np.ndarray, width: int | None = None) -> np.ndarray:
+        return np.zeros(len(strings), dtype=np.uint64)
+
+    monkeypatch.setattr(hash_grouping, "_hashes", one_hash)
+    assert group_dictionaries([codes], [words]) is None
