@@ -66,19 +66,30 @@ def str_keys_fixed(keys: Sequence[str]) -> np.ndarray | None:
     byte and the key's ASCII), when every key is ASCII and none ends in NUL (which a numpy
     array drops); else None. The bytes of key ``i`` are its element: no element ends in NUL.
     """
+    strings = ascii_strings(keys)
+    return None if strings is None else tagged_str_keys(strings)
+
+
+def ascii_strings(keys: Sequence[str]) -> np.ndarray | None:
+    """str keys as a ``U`` array when every one is ASCII and none ends in NUL (which the
+    array would drop); else None."""
     if not keys:
         return None
     strings = np.array(keys, dtype=str)
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
     if not np.array_equal(np.strings.str_len(strings), lengths):
         return None
-    width = strings.dtype.itemsize // 4
-    points = strings.view(np.uint32).reshape(len(keys), width)
-    if int(points.max()) >= 0x80:
+    if int(strings.view(np.uint32).max()) >= 0x80:
         return None
-    tagged = np.empty((len(keys), width + 1), dtype=np.uint8)
+    return strings
+
+
+def tagged_str_keys(strings: np.ndarray) -> np.ndarray:
+    """:func:`encode_keys` of the strings of an :func:`ascii_strings` array, fixed-width."""
+    width = strings.dtype.itemsize // 4
+    tagged = np.empty((len(strings), width + 1), dtype=np.uint8)
     tagged[:, 0] = _STR_TAG
-    tagged[:, 1:] = points
+    tagged[:, 1:] = strings.view(np.uint32).reshape(len(strings), width)
     return tagged.view(f"S{width + 1}").reshape(-1)
 
 

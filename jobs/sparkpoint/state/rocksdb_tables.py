@@ -24,8 +24,14 @@ from typing import Any
 import numpy as np
 from rocksdict import Rdict, WriteBatch
 
+from sparkpoint.records import DictColumn
 from sparkpoint.state.backend import StateInfo, key_outside_range
-from sparkpoint.state.column_codec import encode_keys, encode_values
+from sparkpoint.state.column_codec import (
+    ascii_strings,
+    encode_keys,
+    encode_values,
+    tagged_str_keys,
+)
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
 from sparkpoint.state.rocksdb_store import iter_raw, multi_get, state_prefix, successor
 from sparkpoint.state.serializers import (
@@ -122,10 +128,44 @@ class RocksDBStateTable:
                 self._max_parallelism,
                 self.info.name,
             )
-        if self._heads is None:  # the prefix of each key group of the range, made once
-            self._heads = [g.to_bytes(2, "big") + self._prefix for g in range(start, end + 1)]
-        head_of = map(self._heads.__getitem__, (groups - start).tolist())
+        head_of = map(self._key_group_heads().__getitem__, (groups - start).tolist())
         return list(map(bytes.__add__, head_of, encode_keys(keys)))
+
+    def _db_key_array(self, keys: list[Any]) -> np.ndarray | None:
+        """:meth:`db_keys_of` of ASCII str keys as one fixed-width bytes array (no element
+        ends in NUL, so each is its key's bytes); None for other keys.
+
+        Raises:
+            KeyGroupOutOfRangeError: as :meth:`db_keys_of`.
+        """
+        if set(map(type, keys)) != {str}:
+            return None
+        strings = ascii_strings(keys)
+        if strings is None:
+            return None
+        # A DictColumn's values are hashed one by one, with no sort to find the distinct.
+        groups = key_groups_of(DictColumn._of(np.arange(len(keys)), strings), self._max_parallelism)
+        start, end = self._range.start, self._range.end
+        outside = np.flatnonzero((groups < start) | (groups > end))
+        if len(outside):
+            first = int(outside[0])
+            raise key_outside_range(
+                keys[first], int(groups[first]), self._range, self._max_parallelism, self.info.name
+            )
+        heads = np.frombuffer(b"".join(self._key_group_heads()), dtype=np.uint8)
+        heads = heads.reshape(end - start + 1, -1)
+        encoded = tagged_str_keys(strings)
+        rows = np.concatenate(
+            [heads[groups - start], encoded.view(np.uint8).reshape(len(keys), -1)], axis=1
+        )
+        return rows.view(f"S{rows.shape[1]}").reshape(-1)
+
+    def _key_group_heads(self) -> list[bytes]:
+        """The prefix of each key group of the range (its 2 bytes and the state's)."""
+        if self._heads is None:
+            start, end = self._range.start, self._range.end
+            self._heads = [g.to_bytes(2, "big") + self._prefix for g in range(start, end + 1)]
+        return self._heads
 
     def _db_keys_cached(self, keys: list[Any]) -> list[bytes]:
         """:meth:`db_keys_of`, taking the RocksDB keys of cached keys from the cache."""
@@ -267,8 +307,13 @@ class RocksDBStateTable:
         if dtype is None or not keys:
             return None
         self.flush()  # what was cached key by key is RocksDB's before the read
-        db_keys = self.db_keys_of(keys)
+        # Read and written in key order where the keys allow: RocksDB finds neighbours faster.
+        fixed = self._db_key_array(keys)
+        order = None if fixed is None else _bytewise_order(fixed)
+        db_keys = self.db_keys_of(keys) if fixed is None else fixed[order].tolist()
         base = self._numbers(multi_get(self._db, db_keys), dtype)
+        if order is not None:
+            base[order] = base.copy()
         totals = base + deltas.astype(dtype, copy=False)
         if dtype.kind == "i":
             wrapped = np.flatnonzero(((base ^ totals) & (deltas ^ totals)) < 0)
@@ -276,7 +321,7 @@ class RocksDBStateTable:
                 first = int(wrapped[0])
                 value = int(base[first]) + int(deltas[first])
                 raise refused_value(self.info.name, self.info.serializer, keys[first], value)
-        data, width = totals.tobytes(), dtype.itemsize
+        data, width = (totals if order is None else totals[order]).tobytes(), dtype.itemsize
         values = [data[i : i + width] for i in range(0, len(data), width)]
         step = max(1, WRITE_BATCH_BYTES // (len(db_keys[0]) + width))
         for a in range(0, len(keys), step):
@@ -362,3 +407,14 @@ class RocksDBStateTable:
         """The keys read or written since the last call (then forgotten)."""
         touched, self.touched = self.touched, set()
         return touched
+
+
+def _bytewise_order(fixed: np.ndarray) -> np.ndarray:
+    """The permutation that sorts a fixed-width bytes array as RocksDB orders keys (bytewise;
+    no element ends in NUL, so the NUL padding orders a prefix first, as RocksDB does):
+    a numeric sort of its big-endian 8-byte words, faster than comparing strings."""
+    width = fixed.dtype.itemsize
+    padded = np.zeros((len(fixed), width + -width % 8), dtype=np.uint8)
+    padded[:, :width] = fixed.view(np.uint8).reshape(len(fixed), width)
+    words = padded.view(">u8").astype(np.uint64)
+    return np.lexsort(words.T[::-1])

@@ -13,12 +13,15 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.backend import StateInfo, add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange, key_group_for
 from sparkpoint.state.rocksdb import RocksDBKeyedStateBackend
+from sparkpoint.state.rocksdb_tables import _bytewise_order
 
 from .conftest import COUNT, EVENTS, FULL, LAST_SEEN
 
@@ -280,3 +283,27 @@ def test_add_many_adds_numbers_in_one_pass_and_refuses_a_wrapping_sum(
     assert counts.add_many(["a"], np.array([1])) is None
     assert add_to_many(counts, ["a"], np.array([4])).tolist() == [4]
     assert _table(backend, "count") == {"a": 4}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=19).filter(lambda b: not b.endswith(b"\0"))))
+def test_keys_are_read_and_written_in_rocksdbs_bytewise_order(keys: list[bytes]) -> None:
+    fixed = np.array(keys, dtype=f"S{max(map(len, keys), default=1)}")
+    order = _bytewise_order(fixed)
+    assert [keys[i] for i in order.tolist()] == sorted(keys)
+
+
+def test_add_many_of_many_str_keys_reads_and_writes_them_in_key_order(
+    backend: RocksDBKeyedStateBackend,
+) -> None:
+    backend.get_state(ValueStateDescriptor("total", serializer="int64"))
+    totals = backend.table("total")
+    keys = [f"user-{i}" for i in range(5000, 0, -1)] + ["", "a\x00b"]  # ASCII: in key order
+    first = add_to_many(totals, keys, np.arange(len(keys), dtype=np.int64))
+    keys.append("naïve")  # not ASCII: the batch goes key by key
+    again = add_to_many(totals, keys[::2], np.full(len(keys[::2]), 10, dtype=np.int64))
+    assert first.tolist() == list(range(len(keys) - 1))
+    assert again.tolist() == [v + 10 for v in range(0, len(keys) - 1, 2)] + [10]
+    stored = _table(backend, "total")
+    expected = {key: i + (10 if i % 2 == 0 else 0) for i, key in enumerate(keys[:-1])}
+    assert stored == {**expected, "naïve": 10}
