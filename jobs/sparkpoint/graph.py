@@ -408,7 +408,10 @@ class KeyedStream:
     def count(
         self, uid: str, output: str = "count", emit: str = "every", parallelism: int | None = None
     ) -> DataStream:
-        """Running count per key, emitted as ``{<key field>: key, <output>: n}``."""
+        """Running count per key, emitted as ``{<key field>: key, <output>: n}``: for every
+        record (``emit="every"``), or once per changed key at each checkpoint barrier and at
+        the end of each epoch (``emit="epoch"``; the keys of one such flush come sorted, or in
+        hash order when there are thousands of str keys)."""
         return self._keyed(CountOperator(uid, self._selector, output, emit), parallelism)
 
     def reduce(
