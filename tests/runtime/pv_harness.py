@@ -90,6 +90,8 @@ def run_pv(
     allow_non_restored_state: bool = False,
     retained: int = 1,
     savepoint_on_finish: str | None = None,
+    apps: int = APPS,
+    epoch_records: int = EPOCH_RECORDS,
 ) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory. ``backend`` is the state
     backend and whether its checkpoints are incremental."""
@@ -109,8 +111,8 @@ def run_pv(
         checkpoint_storage=storage,
         local_dir=str(base / name / "local"),
         parallelism=parallelism,
-        max_epoch_records=EPOCH_RECORDS,
-        min_epoch_records=EPOCH_RECORDS,
+        max_epoch_records=epoch_records,
+        min_epoch_records=epoch_records,
         restart_strategy=restart_conf,
         from_checkpoint=from_checkpoint,
         max_inline_state_bytes=max_inline,
@@ -128,7 +130,7 @@ def run_pv(
             "--events",
             str(events),
             "--apps",
-            str(APPS),
+            str(apps),
             "--rate",
             "0",
             "--splits",
@@ -153,9 +155,9 @@ def drive(
     return driver.run()
 
 
-def true_counts(events: int = EVENTS) -> dict[str, int]:
+def true_counts(events: int = EVENTS, apps: int = APPS) -> dict[str, int]:
     """How many events each app really has, read straight from the source."""
-    src = GeneratorSource(events=events, apps=APPS, rate=0)
+    src = GeneratorSource(events=events, apps=apps, rate=0)
     ids = np.concatenate([src.read(i, 0, src.total(i) or 0).column("app_id") for i in range(2)])
     uniq, counts = np.unique(ids, return_counts=True)
     return dict(zip(uniq.tolist(), counts.tolist(), strict=True))

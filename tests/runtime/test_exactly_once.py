@@ -178,6 +178,35 @@ def _latest_pv(lines: Counter[str]) -> dict[str, int]:
     return latest
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_emit_epoch_with_thousands_of_keys_counts_every_key_once_after_a_failure(
+    tmp_path: Path, backend: tuple[str, bool]
+) -> None:
+    """Thousands of str keys per flush: grouped by hash where their dictionaries are,
+    counted in numpy columns (hashmap) or read and written in key order (rocksdb). After a
+    mid-epoch failure and a restore, every key ends at its true count and no count of a key
+    is committed twice (a replay committed again would repeat one). Where the flushes fall
+    follows the barriers, so the lines themselves may differ from a failure-free run's."""
+    events, apps = 60_000, 30_000
+    failure = FailureInjection("keyed", subtask=0, records=4000, at_epoch=2)
+    result, out = run_pv(
+        IN_PROCESS,
+        tmp_path,
+        "failed",
+        emit="epoch",
+        failure=failure,
+        backend=backend,
+        events=events,
+        apps=apps,
+        epoch_records=10_000,
+    )
+    assert len(result.restores) == 1
+    lines = line_counts(out)
+    assert set(lines.values()) == {1}
+    assert _latest_pv(lines) == true_counts(events, apps)
+    assert len(true_counts(events, apps)) > 10_000
+
+
 def test_emit_epoch_ends_with_the_true_count_of_every_app_after_a_failure(
     spark: Any, tmp_path: Path
 ) -> None:
