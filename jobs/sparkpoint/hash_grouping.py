@@ -22,13 +22,16 @@ _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer, in place where it can: every input bit reaches every output bit."""
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
+def mix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer of integer values, as a new uint64 array: a deterministic,
+    well-spread hash in which every input bit reaches every output bit."""
+    z = values.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
     return z
 
 
@@ -55,7 +58,18 @@ def _hashes(values: np.ndarray, width: int | None = None) -> np.ndarray | None:
             h *= _FNV_PRIME
         if width > own:  # a zero unit leaves the xor as it is: only the multiplications
             h *= np.uint64(pow(int(_FNV_PRIME), width - own, 1 << 64))
-        return _mix64(h)
+    return mix64(h)
+
+
+def _hash_groups(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order that sorts ``hashes``, whether each sorted hash starts a group, and the
+    group of each sorted hash (groups numbered in hash order)."""
+    order = np.argsort(hashes)
+    ordered = hashes[order]
+    first = np.empty(len(ordered), dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return order, first, np.cumsum(first) - 1
 
 
 def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -72,13 +86,9 @@ def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     hashes = _hashes(values)
     if hashes is None:
         return None
-    order = np.argsort(hashes)
-    ordered = hashes[order]
-    first = np.empty(len(ordered), dtype=bool)
-    first[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    order, first, groups = _hash_groups(hashes)
     inverse = np.empty(len(values), dtype=np.int64)
-    inverse[order] = np.cumsum(first) - 1
+    inverse[order] = groups
     distinct = values[order[first]]
     if not np.array_equal(distinct[inverse], values):  # a collision: two strings, one hash
         return None
@@ -113,13 +123,9 @@ def group_dictionaries(
     )
     occurs = np.flatnonzero(np.bincount(everywhere, minlength=int(sizes.sum())))
     occurring = np.concatenate(hashes)[occurs]
-    order = np.argsort(occurring)
-    ordered = occurring[order]
-    first = np.empty(len(ordered), dtype=bool)
-    first[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    order, first, groups = _hash_groups(occurring)
     group_of = np.full(int(sizes.sum()), -1, dtype=np.int64)
-    group_of[occurs[order]] = np.cumsum(first) - 1
+    group_of[occurs[order]] = groups
     # The distinct values: each group's first value, taken from the dictionary that has it
     # (the groups sorted by where that value is, so each dictionary's share is one slice).
     chosen = occurs[order[first]]

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from sparkpoint.connectors.sinks import format_json_lines
-from sparkpoint.connectors.sources import GeneratorSource, _mix64
+from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.functions import CountOperator, select_keys
 from sparkpoint.graph import KeyedVertex
+from sparkpoint.hash_grouping import mix64
 from sparkpoint.records import Batch, DictColumn
 from sparkpoint.runtime.tasks import _route
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
@@ -247,7 +248,7 @@ def test_json_lines_escape_braces_in_field_names() -> None:
 def test_generated_app_ids_are_the_records_the_source_always_produced() -> None:
     def app_ids_before(src: GeneratorSource, split: int, start: int, end: int) -> list[str]:
         g = np.arange(start, end, dtype=np.int64) * src.splits + split
-        idx = _mix64(g.astype(np.uint64) ^ np.uint64(src.seed)) % np.uint64(src.apps)
+        idx = mix64(g.astype(np.uint64) ^ np.uint64(src.seed)) % np.uint64(src.apps)
         names = np.array([f"app-{i}" for i in range(src.apps)])
         return names[idx.astype(np.int64)].tolist()  # type: ignore[no-any-return]
 

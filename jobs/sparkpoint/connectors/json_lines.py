@@ -87,10 +87,6 @@ def _int_texts(values: np.ndarray) -> _Texts:
 _POWERS = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
 
 
-# 10**1 .. 10**19: a magnitude has one digit more than the powers it reaches.
-_POWERS = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
-
-
 def ascii_json_lines(batch: Batch) -> str | None:
     """``format_json_lines`` of a columnar batch whose field texts are all plain ASCII
     (integers, bools, strings with nothing to escape, field names alike); None otherwise."""

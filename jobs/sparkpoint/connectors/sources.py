@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.hash_grouping import mix64
 from sparkpoint.records import Batch, DictColumn
 
 
@@ -51,16 +52,6 @@ class Source(abc.ABC):
         its offsets per split id (Flink's ``notifyCheckpointComplete``). A source that tells
         its system what was consumed (acknowledges, commits offsets) does it here and never
         earlier; the driver calls it, the default does nothing."""
-
-
-def _mix64(values: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a deterministic, well-spread hash of uint64 values."""
-    z = values.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return z
 
 
 # Up to this many apps, a process names them all once (about 40 bytes each) and a batch takes
@@ -136,7 +127,7 @@ class GeneratorSource(Source):
 
     def read(self, split: int, start: int, end: int) -> Batch:
         g = np.arange(start, end, dtype=np.int64) * self.splits + split
-        idx = _mix64(g.astype(np.uint64) ^ np.uint64(self.seed)) % np.uint64(self.apps)
+        idx = mix64(g.astype(np.uint64) ^ np.uint64(self.seed)) % np.uint64(self.apps)
         step = 1000.0 / self.rate if self.rate else 1.0
         times = self.start_time_ms + (g * step).astype(np.int64)
         app_ids = _app_ids(idx.astype(np.int64), self.apps)

@@ -164,7 +164,7 @@ def _encode_body(
             key_parts.append(part_keys)
             value_bytes.extend(part_values)
         else:
-            fixed = str_keys_fixed(part_keys) if set(map(type, part_keys)) == {str} else None
+            fixed = str_keys_fixed(part_keys)
             key_parts.append(encode_keys(part_keys) if fixed is None else fixed)
             value_bytes.extend(encode_values(kind, serializer, part_values))
     tombstones = None in set(map(type, value_bytes))

@@ -61,19 +61,19 @@ def encode_values(kind: str, serializer: TypeSerializer, values: Sequence[Any]) 
     return list(map(serializer.serialize, values))
 
 
-def str_keys_fixed(keys: Sequence[str]) -> np.ndarray | None:
-    """:func:`encode_keys` of str keys as one fixed-width bytes array (``S``, each the tag
-    byte and the key's ASCII), when every key is ASCII and none ends in NUL (which a numpy
-    array drops); else None. The bytes of key ``i`` are its element: no element ends in NUL.
+def str_keys_fixed(keys: Sequence[Any]) -> np.ndarray | None:
+    """:func:`encode_keys` as one fixed-width bytes array (``S``, each the tag byte and the
+    key's ASCII), when every key is an ASCII str and none ends in NUL (which a numpy array
+    drops); else None. The bytes of key ``i`` are its element: no element ends in NUL.
     """
     strings = ascii_strings(keys)
     return None if strings is None else tagged_str_keys(strings)
 
 
-def ascii_strings(keys: Sequence[str]) -> np.ndarray | None:
-    """str keys as a ``U`` array when every one is ASCII and none ends in NUL (which the
+def ascii_strings(keys: Sequence[Any]) -> np.ndarray | None:
+    """Keys as a ``U`` array when every one is a str, ASCII, and none ends in NUL (which the
     array would drop); else None."""
-    if not keys:
+    if not keys or set(map(type, keys)) != {str}:
         return None
     strings = np.array(keys, dtype=str)
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))

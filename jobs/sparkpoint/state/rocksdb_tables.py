@@ -116,19 +116,8 @@ class RocksDBStateTable:
         if not keys:
             return []
         array = np.fromiter(keys, dtype=object, count=len(keys))
-        groups = key_groups_of(array, self._max_parallelism)
-        start, end = self._range.start, self._range.end
-        outside = np.flatnonzero((groups < start) | (groups > end))
-        if len(outside):
-            first = int(outside[0])
-            raise key_outside_range(
-                keys[first],
-                int(groups[first]),
-                self._range,
-                self._max_parallelism,
-                self.info.name,
-            )
-        head_of = map(self._key_group_heads().__getitem__, (groups - start).tolist())
+        groups = self._checked_groups(keys, key_groups_of(array, self._max_parallelism))
+        head_of = map(self._key_group_heads().__getitem__, groups.tolist())
         return list(map(bytes.__add__, head_of, encode_keys(keys)))
 
     def _db_key_array(self, keys: list[Any]) -> np.ndarray | None:
@@ -138,13 +127,26 @@ class RocksDBStateTable:
         Raises:
             KeyGroupOutOfRangeError: as :meth:`db_keys_of`.
         """
-        if set(map(type, keys)) != {str}:
-            return None
         strings = ascii_strings(keys)
         if strings is None:
             return None
-        # A DictColumn's values are hashed one by one, with no sort to find the distinct.
-        groups = key_groups_of(DictColumn._of(np.arange(len(keys)), strings), self._max_parallelism)
+        # The keys are distinct: hashed one by one as a DictColumn's values, with no sort.
+        distinct = DictColumn._of(np.arange(len(keys)), strings)
+        groups = self._checked_groups(keys, key_groups_of(distinct, self._max_parallelism))
+        heads = np.frombuffer(b"".join(self._key_group_heads()), dtype=np.uint8)
+        heads = heads.reshape(len(self._key_group_heads()), -1)
+        encoded = tagged_str_keys(strings)
+        rows = np.concatenate(
+            [heads[groups], encoded.view(np.uint8).reshape(len(keys), -1)], axis=1
+        )
+        return rows.view(f"S{rows.shape[1]}").reshape(-1)
+
+    def _checked_groups(self, keys: list[Any], groups: np.ndarray) -> np.ndarray:
+        """The key groups of ``keys`` as offsets into the backend's range.
+
+        Raises:
+            KeyGroupOutOfRangeError: for the first key whose key group is not in the range.
+        """
         start, end = self._range.start, self._range.end
         outside = np.flatnonzero((groups < start) | (groups > end))
         if len(outside):
@@ -152,13 +154,7 @@ class RocksDBStateTable:
             raise key_outside_range(
                 keys[first], int(groups[first]), self._range, self._max_parallelism, self.info.name
             )
-        heads = np.frombuffer(b"".join(self._key_group_heads()), dtype=np.uint8)
-        heads = heads.reshape(end - start + 1, -1)
-        encoded = tagged_str_keys(strings)
-        rows = np.concatenate(
-            [heads[groups - start], encoded.view(np.uint8).reshape(len(keys), -1)], axis=1
-        )
-        return rows.view(f"S{rows.shape[1]}").reshape(-1)
+        return groups - start
 
     def _key_group_heads(self) -> list[bytes]:
         """The prefix of each key group of the range (its 2 bytes and the state's)."""
