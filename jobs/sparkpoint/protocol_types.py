@@ -159,7 +159,8 @@ class StateDescriptorModel(ProtocolModel):
 class StateHandleModel(ProtocolModel):
     """Where a piece of snapshot state lives: a path (or inline bytes), its size and checksum.
 
-    ``format`` None is the legacy (pre-``format``) key-group snapshot. A native snapshot
+    ``format`` None is the legacy (pre-``format``) key-group snapshot; ``"hashmap-columns-v1"``
+    a ``hashmap`` checkpoint (one file of the tables' columns). A native snapshot
     (``"rocksdb-native-v1"``) has as ``path`` a small JSON manifest listing its files, and in
     ``shared`` every file of the job's ``shared/`` directory it references, new or reused:
     what keeps those files alive (:meth:`~sparkpoint.checkpointing.storage_base.
@@ -172,13 +173,14 @@ class StateHandleModel(ProtocolModel):
     checksum: str  # "sha256:<hex>"
     key_group_start: Index | None = None
     key_group_end: Index | None = None  # inclusive
-    format: str | None = None  # "sparkpoint-keyed-state-v1", "rocksdb-native-v1"; None: legacy
+    # "sparkpoint-keyed-state-v1", "hashmap-columns-v1", "rocksdb-native-v1"; None: legacy
+    format: str | None = None
     shared: list[SharedFileModel] = []
     states: list[StateDescriptorModel] = []  # the keyed states in this snapshot
 
     @property
     def is_native(self) -> bool:
-        """Whether this is a state backend's own format (RocksDB files), not canonical."""
+        """Whether this is RocksDB's own format (a set of files), not one file of bytes."""
         return (self.format or "").startswith("rocksdb")
 
 

@@ -5,9 +5,10 @@ PATH is a savepoint or retained checkpoint directory, a local path or a URL (``f
 holding ``_metadata``. :func:`inspect_savepoint` reads the metadata and every state handle
 (checking each file's size and checksum) and returns a :class:`SavepointSummary`: per operator
 uid and subtask, each handle's format, key group range and size and, for canonical keyed state
-(:mod:`sparkpoint.state.canonical`), its states and a sample of decoded entries. Other handles
-(RocksDB native snapshots, legacy ``SPKS`` hashmap snapshots) are listed with their format and
-size only. :func:`render_text` and :meth:`SavepointSummary.to_json` show a summary.
+(:mod:`sparkpoint.state.canonical`) and ``hashmap`` checkpoints (their columns,
+:mod:`sparkpoint.state.changelog_delta`), its states and a sample of decoded entries. Other
+handles (RocksDB native snapshots, legacy ``SPKS`` hashmap snapshots) are listed with their
+format and size only. :func:`render_text` and :meth:`SavepointSummary.to_json` show a summary.
 
 Decoding a sample unpickles the values of ``pickle`` states, which runs code: inspect only
 savepoints from storage you trust, or pass ``--sample 0``.
@@ -35,8 +36,9 @@ from sparkpoint.checkpointing.storage import METADATA_FILE, SHARED_DIR, FileSyst
 from sparkpoint.checkpointing.storage_base import format_size
 from sparkpoint.errors import CheckpointNotFoundError, CorruptSnapshotError, SparkpointError
 from sparkpoint.protocol import SnapshotCompleted, StateHandleModel
-from sparkpoint.state import canonical
+from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import DELETED
+from sparkpoint.state.key_groups import key_group_for
 from sparkpoint.state.serializers import decode_key, decode_value, serializer_named
 
 COMMANDS = ("inspect", "dispose")
@@ -74,7 +76,8 @@ class HandleSummary:
     """One state handle of one subtask.
 
     ``format`` is what the handle records (None before handles recorded it); ``layout`` what
-    the bytes are: ``canonical``, ``legacy-hashmap``, ``native`` (not read) or ``unknown``.
+    the bytes are: ``canonical``, ``columns`` (a ``hashmap`` checkpoint), ``legacy-hashmap``,
+    ``native`` (not read) or ``unknown``.
     """
 
     operator_id: str
@@ -198,6 +201,26 @@ def _describe_canonical(summary: HandleSummary, data: bytes, where: str, sample:
         summary.sample.append(SampleEntry(key_group, name, _decoded(decode_key, key), shown))
 
 
+def _describe_columns(summary: HandleSummary, data: bytes, where: str, sample: int) -> None:
+    snapshot = changelog_delta.decode_delta(data, where)
+    summary.layout = "columns"
+    summary.backend = "hashmap"
+    summary.max_parallelism = snapshot.max_parallelism
+    sizes = snapshot.sizes()
+    summary.entries = sum(entries for entries, _ in sizes.values())
+    summary.watermarks = dict(snapshot.watermarks)
+    summary.states = [
+        StateSummary(name, info.kind, info.serializer, *sizes[name])
+        for name, info in snapshot.states.items()
+    ]
+    try:
+        for name, key, value in snapshot.head(sample):
+            group = key_group_for(key, snapshot.max_parallelism)
+            summary.sample.append(SampleEntry(group, name, _short(key), _short(value)))
+    except CorruptSnapshotError as err:
+        summary.sample.append(SampleEntry(-1, "?", "?", _short(f"<does not decode: {err}>")))
+
+
 def _describe_handle(
     storage: FileSystemCheckpointStorage,
     ack: SnapshotCompleted,
@@ -216,7 +239,7 @@ def _describe_handle(
         size=handle.size,
         shared_files=len(handle.shared),
     )
-    if fmt is not None and fmt != canonical.FORMAT_ID:
+    if fmt is not None and fmt not in (canonical.FORMAT_ID, changelog_delta.FORMAT_ID):
         summary.layout = "native" if fmt.startswith("rocksdb") else "unknown"
         return summary
     where = f"state file {handle.path}" if handle.path else "inline state"
@@ -224,9 +247,11 @@ def _describe_handle(
     data = storage.read_state(handle)  # size and checksum checked
     if canonical.is_canonical(data):
         _describe_canonical(summary, data, where, sample)
+    elif changelog_delta.is_delta(data):
+        _describe_columns(summary, data, where, sample)
     elif data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC:
         summary.layout = "legacy-hashmap"
-    elif fmt == canonical.FORMAT_ID:
+    elif fmt in (canonical.FORMAT_ID, changelog_delta.FORMAT_ID):
         raise CorruptSnapshotError(f"{where} records format {fmt} but is not in that format")
     return summary
 
@@ -286,6 +311,7 @@ def _location(summary: SavepointSummary, location: str) -> str:
 
 _UNRECORDED = {
     "canonical": canonical.FORMAT_ID,
+    "columns": changelog_delta.FORMAT_ID,
     "legacy-hashmap": "legacy hashmap snapshot",
     "unknown": "unknown",
 }
@@ -315,11 +341,12 @@ def render_text(summary: SavepointSummary) -> str:
         lines.append(f"  {where}" if h.location == INLINE else f"  file {where}")
         if h.shared_files:
             lines.append(f"  shared files referenced: {h.shared_files}")
-        if h.layout != "canonical":
+        if h.layout not in ("canonical", "columns"):
             continue
+        groups = "" if h.key_groups is None else f" in {h.key_groups} key groups"
         lines.append(
-            f"  backend {h.backend}, max parallelism {h.max_parallelism}, {h.entries} entries "
-            f"in {h.key_groups} key groups"
+            f"  backend {h.backend}, max parallelism {h.max_parallelism}, {h.entries} entries"
+            + groups
         )
         if h.watermarks:
             lines.append(f"  channel watermarks {h.watermarks}")

@@ -83,8 +83,9 @@ def line_counts(directory: str) -> Counter[str]:
 
 @dataclass
 class MemorySnapshotTarget:
-    """A snapshot target that keeps what a backend's snapshot writes in memory: canonical
-    blobs in ``blobs`` (handles are real, with size and checksum, and inline bytes)."""
+    """A snapshot target that keeps what a backend's snapshot writes in memory: the blobs
+    (canonical, or a hashmap checkpoint's columns) in ``blobs`` (handles are real, with size
+    and checksum, and inline bytes)."""
 
     checkpoint_id: int = 1
     key_group_range: Any = None
@@ -106,9 +107,10 @@ class MemorySnapshotTarget:
         raise NotImplementedError("MemorySnapshotTarget keeps canonical snapshots only")
 
 
-def snapshot_blob(backend: Any, checkpoint_id: int = 1) -> bytes:
-    """A backend's canonical snapshot, both phases run at once (for tests)."""
-    capture = backend.snapshot(checkpoint_id, native=False)
+def snapshot_blob(backend: Any, checkpoint_id: int = 1, *, native: bool = False) -> bytes:
+    """A backend's canonical snapshot (``native``: a checkpoint in a format of the backend's
+    own that is one blob, the hashmap's), both phases run at once (for tests)."""
+    capture = backend.snapshot(checkpoint_id, native=native)
     target = MemorySnapshotTarget(checkpoint_id, backend.key_group_range)
     try:
         capture.materialize(target)

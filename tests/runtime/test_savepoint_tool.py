@@ -16,9 +16,12 @@ from sparkpoint import cli
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 from sparkpoint.checkpointing.storage_base import format_size
 from sparkpoint.protocol import SnapshotCompleted, StateHandleModel
-from sparkpoint.state import canonical
+from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import StateInfo
+from sparkpoint.state.descriptors import ValueStateDescriptor
+from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import KeyGroupRange, key_group_for
+from sparkpoint.testing import snapshot_blob
 
 JOB = "orders"
 MP = 8
@@ -355,3 +358,42 @@ def test_savepoint_of_a_job_still_triggers_one(monkeypatch: pytest.MonkeyPatch) 
         ("savepoint", "orders", "/tmp/sp"),
         ("savepoint", "inspect", "/tmp/sp"),
     ]
+
+
+def test_inspect_reads_a_hashmap_checkpoint_in_its_columns_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend = HashMapKeyedStateBackend(MP, KeyGroupRange(0, MP - 1))
+    count = backend.get_state(ValueStateDescriptor("count", 0, serializer="int64"))
+    for i, key in enumerate(["alice", "bob", "carol"]):
+        backend.set_current_key(key)
+        count.update(i + 1)
+    backend.channel_watermarks = {0: 7}
+    blob = snapshot_blob(backend, native=True)
+    storage = FileSystemCheckpointStorage(str(tmp_path))
+    handle = with_format(
+        storage.write_state(JOB, 3, "counter-0", blob, key_group_range=KeyGroupRange(0, MP - 1)),
+        changelog_delta.FORMAT_ID,
+    )
+    metadata = {
+        "format": "sparkpoint-checkpoint/1",
+        "job_id": JOB,
+        "checkpoint_id": 3,
+        "kind": "checkpoint",
+        "attempt": 1,
+        "is_final": False,
+        "trigger_timestamp": COMPLETED_MS - 5,
+        "completion_timestamp": COMPLETED_MS,
+        "acks": [ack("counter", 0, [handle])],
+    }
+    storage.write_metadata(JOB, 3, metadata)
+
+    code, out, err = run(["savepoint", "inspect", str(tmp_path / JOB / "chk-3")], capsys)
+
+    assert (code, err) == (0, "")
+    assert f"operator counter, subtask 0: hashmap-columns-v1, key groups [0, {MP - 1}]" in out
+    assert "  backend hashmap, max parallelism 8, 3 entries\n" in out
+    assert "  channel watermarks {0: 7}" in out
+    assert "    count  value  int64             3     37" in out  # keys of 13 chars, 3 x 8 bytes
+    assert f"    [key group {key_group_for('alice', MP)}] count 'alice' = 1" in out
+    assert f"    [key group {key_group_for('carol', MP)}] count 'carol' = 3" in out

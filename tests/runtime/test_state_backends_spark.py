@@ -1,9 +1,9 @@
 """The state backends on Spark: incremental checkpoints, and restores across backends.
 
 A job's checkpoints restore into either backend at any parallelism: a hashmap checkpoint
-(canonical) into rocksdb, a rocksdb incremental checkpoint (native files, shared between
-checkpoints) into hashmap. The committed output of the three runs chained by those restores
-equals that of a run that never failed.
+(the tables' columns, its own format) into rocksdb, a rocksdb incremental checkpoint (native
+files, shared between checkpoints) into hashmap. The committed output of the three runs
+chained by those restores equals that of a run that never failed.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_restore_across_backends_and_parallelism_commits_exactly_the_source(
             failure=FailureInjection("source", subtask=0, offset=2500),
         )
     heap = _latest(tmp_path, "heap")
-    assert {h.format for a in _pv_acks(heap) for h in a.handles} == {"sparkpoint-keyed-state-v1"}
+    assert {h.format for a in _pv_acks(heap) for h in a.handles} == {"hashmap-columns-v1"}
     # Run 2: rocksdb, incremental, at parallelism 3, from that checkpoint; fails again later
     # (its first attempt is 2: attempts continue from the restored checkpoint's).
     with pytest.raises(JobFailedError, match="injected failure"):

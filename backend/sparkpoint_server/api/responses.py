@@ -253,7 +253,8 @@ class StateHandleEntry(BaseModel):
     inline: bool
     format: str | None = Field(
         description="`rocksdb-native-v1` (a native, incremental snapshot: `path` is its "
-        "manifest), `sparkpoint-keyed-state-v1` (canonical), or null (legacy key groups)"
+        "manifest), `hashmap-columns-v1` (a hashmap checkpoint: its tables' columns), "
+        "`sparkpoint-keyed-state-v1` (canonical: savepoints), or null (legacy key groups)"
     )
     shared_files: int = Field(
         description="How many files of the job's `shared/` directory the snapshot references "

@@ -100,7 +100,7 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
         files = list(chain["files"])
     else:
         tables = changelog_delta.tables_of(backend.entries())
-        blob = changelog_delta.encode_delta(backend.state_infos, tables, **common)
+        blob = changelog_delta.encode_delta(backend.state_infos, tables, **common, full=True)
         name = f"{tag}.base"
         chain = {"base_bytes": len(blob), "delta_bytes": 0}
         files = []

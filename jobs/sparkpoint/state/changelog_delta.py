@@ -15,7 +15,12 @@ values (:func:`~sparkpoint.state.serializers.encode_value` bytes through the sta
 serializer, nil for a removed entry; a fixed-width serializer's values as one buffer). Nothing
 is sorted or hashed when writing: the key groups are computed only when a delta is read.
 
-Checkpoints and savepoints never use this format (they are canonical snapshots).
+The ``hashmap`` backend's checkpoints use it too (:data:`FORMAT_ID`, Flink's native
+checkpoint format of a heap backend): every entry of the subtask's tables, marked ``full``,
+written about seven times faster than a canonical snapshot because nothing is sorted by key
+group or hashed. A restore hashes the keys only when the new key-group range does not cover
+the file's (rescaling), and either backend restores it. Savepoints stay canonical, and a
+delta without ``full`` (an epoch's changes) is never restored as a snapshot.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from sparkpoint.state.serializers import Float64Serializer, Int64Serializer, ser
 
 MAGIC = b"SPCD"
 VERSION = 1
+#: The format of a ``hashmap`` checkpoint's state handle: a full table in this format.
+FORMAT_ID = "hashmap-columns-v1"
 _PREFIX = struct.Struct(">4sHQI")
 # Serializers whose values are one fixed-width number: written as one array buffer.
 _ARRAYS = {Int64Serializer: "<i8", Float64Serializer: "<f8"}
@@ -56,9 +63,11 @@ def encode_delta(
     max_parallelism: int,
     key_group_range: KeyGroupRange,
     watermarks: Mapping[int, int],
+    full: bool = False,
 ) -> bytes:
     """The delta of ``changes`` (state name -> key -> value, ``DELETED`` for a removed key)
-    to the registered ``states`` (each recorded, changed or not).
+    to the registered ``states`` (each recorded, changed or not). ``full``: ``changes`` are
+    every entry of the states (a base, a checkpoint), not one epoch's changes.
 
     Raises:
         ConfigurationError: a key or value that its state's serializer cannot write.
@@ -81,6 +90,7 @@ def encode_delta(
             "key_group_range": [key_group_range.start, key_group_range.end],
             "watermarks": [[int(c), int(w)] for c, w in sorted(watermarks.items())],
             "states": columns,
+            "full": full,
         },
         use_bin_type=True,
     )
@@ -134,6 +144,7 @@ class Delta:
     watermarks: dict[int, int]
     states: dict[str, StateInfo]
     where: str
+    full: bool = False  # every entry of the states, not one epoch's changes
     _columns: list[list[Any]] = field(default_factory=list, repr=False)
 
     def entries(self, key_group_range: KeyGroupRange) -> Iterator[tuple[int, str, Any, Any]]:
@@ -145,6 +156,40 @@ class Delta:
         """
         for name, groups, keys, values in self._columns_in(key_group_range):
             yield from zip(groups, repeat(name), keys, values)
+
+    def sizes(self) -> dict[str, tuple[int, int]]:
+        """Per state: its entries and their encoded bytes (keys and values), nothing decoded."""
+        out = {}
+        for name, _kind, _serializer, _as_str, keys, dtype, packed in self._columns:
+            values = len(packed) if dtype is not None else sum(len(v or b"") for v in packed)
+            out[name] = (len(keys), sum(map(len, keys)) + values)
+        return out
+
+    def head(self, n: int) -> Iterator[tuple[str, Any, Any]]:
+        """``(state name, key, value)`` of the first ``n`` entries, only those decoded (a
+        sample: a ``pickle`` value is unpickled, which runs code).
+
+        Raises:
+            CorruptSnapshotError: a key or value that does not decode.
+        """
+        for name, kind, serializer_name, as_str, keys, dtype, packed in self._columns:
+            if n <= 0:
+                return
+            try:
+                few = list(keys[:n]) if as_str else decode_keys(keys[:n])
+                if dtype is not None:
+                    values = np.frombuffer(packed, dtype=dtype)[: len(few)].tolist()
+                else:
+                    serializer = serializer_named(serializer_name, self.where)
+                    values = decode_values(kind, serializer, packed[: len(few)])
+            except CorruptSnapshotError:
+                raise
+            except Exception as err:
+                raise CorruptSnapshotError(
+                    f"{self.where}: the entries of state {name!r} do not decode: {err!r}"
+                ) from err
+            yield from zip(repeat(name), few, values)
+            n -= len(few)
 
     def load_into(self, backend: KeyedStateBackend) -> None:
         """Load the entries of ``backend``'s key groups into it, a state's column at a time
@@ -247,10 +292,11 @@ def decode_delta(blob: bytes | bytearray | memoryview, where: str) -> Delta:
             {int(c): int(w) for c, w in doc["watermarks"]},
             states,
             where,
+            bool(doc.get("full", False)),
             columns,
         )
     except Exception as err:  # a damaged document can raise several kinds
         raise corrupt(f"malformed document: {err!r}") from err
 
 
-__all__ = ["MAGIC", "Delta", "decode_delta", "encode_delta", "is_delta", "tables_of"]
+__all__ = ["FORMAT_ID", "MAGIC", "Delta", "decode_delta", "encode_delta", "is_delta", "tables_of"]

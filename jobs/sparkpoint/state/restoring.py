@@ -19,6 +19,7 @@ from sparkpoint.watermarks import merge_channel_watermarks
 
 if TYPE_CHECKING:
     from sparkpoint.state.canonical import CanonicalSnapshot
+    from sparkpoint.state.changelog_delta import Delta
 
 
 def check_max_parallelism(found: int, expected: int, index: int | str) -> None:
@@ -40,6 +41,15 @@ def register(backend: KeyedStateBackend, info: StateInfo, index: int | str) -> N
         backend.register(info)
     except ConfigurationError as err:
         raise CorruptSnapshotError(f"snapshot {index}: {err}") from err
+
+
+def full_check(full: bool, index: int | str) -> None:
+    """Refuse to restore an epoch's changes as if they were a snapshot of the state."""
+    if not full:
+        raise CorruptSnapshotError(
+            f"snapshot {index} is an epoch's changelog (changes only), not a snapshot of "
+            "the state; it cannot be restored on its own"
+        )
 
 
 class SnapshotMerge:
@@ -71,11 +81,7 @@ class SnapshotMerge:
             CorruptSnapshotError: a conflicting state, or a key group already restored.
         """
         backend = self.backend
-        if snap.changelog:
-            raise CorruptSnapshotError(
-                f"snapshot {index} is an epoch's changelog (changes only), not a snapshot of "
-                "the state; it cannot be restored on its own"
-            )
+        full_check(not snap.changelog, index)
         check_max_parallelism(snap.max_parallelism, backend.max_parallelism, index)
         for info in snap.states.values():
             register(backend, info, index)
@@ -84,6 +90,29 @@ class SnapshotMerge:
             if kg_range.start <= key_group <= kg_range.end:
                 self.claim(key_group, index)
         backend.load(snap.entries(kg_range))
+        self.add_watermarks(snap.watermarks)
+
+    def add_columns(self, snap: Delta, index: int | str) -> None:
+        """Merge a checkpoint in the columns format (every entry of its writer's key-group
+        range): the key groups of that range in the backend's are claimed, its keys there
+        loaded.
+
+        Raises:
+            ConfigurationError: another max parallelism.
+            CorruptSnapshotError: an epoch's changes rather than a full table, a conflicting
+                state, a key group already restored, or entries that do not decode.
+        """
+        full_check(snap.full, index)
+        backend = self.backend
+        check_max_parallelism(snap.max_parallelism, backend.max_parallelism, index)
+        for info in snap.states.values():
+            register(backend, info, index)
+        start = max(snap.key_group_range.start, backend.key_group_range.start)
+        end = min(snap.key_group_range.end, backend.key_group_range.end)
+        for key_group in range(start, end + 1):
+            self.claim(key_group, index)
+        if start <= end:
+            snap.load_into(backend)
         self.add_watermarks(snap.watermarks)
 
     def finish(self) -> KeyedStateBackend:

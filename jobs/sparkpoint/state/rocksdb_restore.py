@@ -5,7 +5,8 @@ steps. A handle is *native* when its format (``format`` or ``fmt``, attribute or
 :data:`~sparkpoint.state.rocksdb_store.NATIVE_FORMAT`; its key group range is read from
 ``key_group_start`` and ``key_group_end`` when present, and always checked against the
 metadata inside the downloaded database. Anything else is fetched as bytes and decoded as a
-canonical snapshot (:mod:`sparkpoint.state.canonical`).
+``hashmap`` checkpoint (:mod:`sparkpoint.state.changelog_delta`) or a canonical snapshot
+(:mod:`sparkpoint.state.canonical`).
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rocksdict import WriteBatch
 
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
-from sparkpoint.state import canonical
+from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import StateInfo
+from sparkpoint.state.canonical_codec import encoded_entries
 from sparkpoint.state.key_groups import KeyGroupRange
+from sparkpoint.state.restoring import full_check
 from sparkpoint.state.rocksdb_snapshot import UploadRecord, database_files, shared_file_name
 from sparkpoint.state.rocksdb_store import (
     NATIVE_FORMAT,
@@ -32,6 +35,7 @@ from sparkpoint.state.rocksdb_store import (
     read_meta,
     state_prefix,
 )
+from sparkpoint.state.serializers import TypeSerializer, serializer_named
 from sparkpoint.watermarks import merge_channel_watermarks
 
 if TYPE_CHECKING:
@@ -243,7 +247,11 @@ def _copy_canonical(
     state: _Restore,
     fetch: Callable[[Any], bytes],
 ) -> None:
-    snapshot = canonical.decode_snapshot(fetch(source.handle), source.where)
+    blob = fetch(source.handle)
+    if changelog_delta.is_delta(blob):  # a hashmap checkpoint: its tables' columns
+        _copy_columns(backend, source, state, changelog_delta.decode_delta(blob, source.where))
+        return
+    snapshot = canonical.decode_snapshot(blob, source.where)
     state.check_max_parallelism(source, snapshot.max_parallelism)
     _register(backend, snapshot.states, source.where)
     if snapshot.changelog:
@@ -252,12 +260,37 @@ def _copy_canonical(
     else:
         shared = state.claim(source, snapshot.key_group_range)
         state.full_watermarks.append(snapshot.watermarks)
-    if shared is None:
-        return
-    prefixes = {name: state_prefix(name) for name in snapshot.states}
+    if shared is not None:
+        _write_raw(backend, snapshot.raw_entries(state.range))
+
+
+def _copy_columns(
+    backend: RocksDBKeyedStateBackend, source: Source, state: _Restore, snap: changelog_delta.Delta
+) -> None:
+    """The key groups of the new range from a ``hashmap`` checkpoint (columns format)."""
+    full_check(snap.full, source.where)
+    state.check_max_parallelism(source, snap.max_parallelism)
+    _register(backend, snap.states, source.where)
+    shared = state.claim(source, snap.key_group_range)
+    state.full_watermarks.append(snap.watermarks)
+    if shared is not None:
+        codecs: dict[str, tuple[str, TypeSerializer]] = {
+            n: (i.kind, serializer_named(i.serializer)) for n, i in snap.states.items()
+        }
+        _write_raw(backend, encoded_entries(codecs, snap.states, snap.entries(shared)))
+
+
+def _write_raw(
+    backend: RocksDBKeyedStateBackend, entries: Iterable[tuple[int, str, bytes, bytes | None]]
+) -> None:
+    """Write encoded ``(key group, state, key, value)`` entries (None deletes) in batches."""
+    prefixes: dict[str, bytes] = {}
     batch, size = WriteBatch(raw_mode=True), 0
-    for key_group, name, key, value in snapshot.raw_entries(state.range):
-        db_key = key_group.to_bytes(2, "big") + prefixes[name] + key
+    for key_group, name, key, value in entries:
+        prefix = prefixes.get(name)
+        if prefix is None:
+            prefix = prefixes[name] = state_prefix(name)
+        db_key = key_group.to_bytes(2, "big") + prefix + key
         if value is None:
             batch.delete(db_key)
         else:
