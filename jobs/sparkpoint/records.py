@@ -127,11 +127,14 @@ class DictColumn:
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
-        # Codes and values only; ASCII str values as one byte per character, not four.
-        narrow = _ascii_bytes(self.values)
+        # Codes and the values they use only (a selection, such as one target's share of a
+        # batch in the exchange, shares all its batch's values); ASCII str values as one byte
+        # per character, not four.
+        codes, values = _used(self.codes, self.values)
+        narrow = _ascii_bytes(values)
         if narrow is not None:
-            return (_dict_column_ascii, (self.codes, narrow))
-        return (_dict_column, (self.codes, self.values))
+            return (_dict_column_ascii, (codes, narrow))
+        return (_dict_column, (codes, values))
 
     def __repr__(self) -> str:
         return f"DictColumn({len(self)} records, {len(self.values)} values, dtype={self.dtype})"
@@ -146,6 +149,17 @@ def object_array(items: list[Any]) -> np.ndarray:
 def _dict_column(codes: np.ndarray, values: np.ndarray) -> DictColumn:
     """Rebuild a pickled :class:`DictColumn` (its codes were checked when it was made)."""
     return DictColumn._of(codes, values)
+
+
+def _used(codes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``codes`` and ``values`` of the same records, without the values no code uses
+    (those kept in their order): O(codes + values), no sort."""
+    used = np.zeros(len(values), dtype=bool)
+    used[codes] = True
+    if used.all():
+        return codes, values
+    renumbered = np.cumsum(used, dtype=np.int64) - 1
+    return renumbered[codes].astype(codes.dtype, copy=False), values[used]
 
 
 def _ascii_bytes(values: np.ndarray) -> np.ndarray | None:

@@ -279,3 +279,16 @@ def test_a_pickled_dict_column_of_ascii_str_ships_one_byte_per_character() -> No
     back = pickle.loads(pickle.dumps(DictColumn([2, 0, 1], wide)))
     assert back.values.tolist() == wide.tolist()
     assert back.decode().tolist() == ["a", "é", "naïve"]
+
+
+def test_a_pickled_selection_ships_only_the_values_its_codes_use() -> None:
+    names = np.array([f"app-{i}" for i in range(10_000)])
+    whole = DictColumn(np.arange(10_000)[::-1], names)
+    half = whole[np.arange(0, 10_000, 2)]  # one target's share: it shares all 10,000 values
+    assert len(half.values) == 10_000
+    back = pickle.loads(pickle.dumps(half, protocol=5))
+    assert back.tolist() == half.tolist()
+    assert len(back.values) == 5_000 and back.codes.dtype == half.codes.dtype
+    assert back.values.tolist() == sorted(set(half.tolist()), key=names.tolist().index)
+    empty = pickle.loads(pickle.dumps(whole[np.array([], dtype=np.int64)]))
+    assert empty.tolist() == [] and len(empty.values) == 0
