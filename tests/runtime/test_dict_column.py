@@ -249,12 +249,12 @@ def test_generated_app_ids_are_the_records_the_source_always_produced() -> None:
     def app_ids_before(src: GeneratorSource, split: int, start: int, end: int) -> list[str]:
         g = np.arange(start, end, dtype=np.int64) * src.splits + split
         idx = mix64(g.astype(np.uint64) ^ np.uint64(src.seed)) % np.uint64(src.apps)
-        names = np.array([f"app-{i}" for i in range(src.apps)])
-        return names[idx.astype(np.int64)].tolist()  # type: ignore[no-any-return]
+        return [f"app-{i}" for i in idx.tolist()]
 
     for src, (start, end) in [
         (GeneratorSource(events=None, apps=100, rate=0, seed=3), (0, 5000)),
         (GeneratorSource(events=None, apps=100_000, splits=3), (7, 507)),  # fewer than apps
+        (GeneratorSource(events=None, apps=30_000_000_000), (0, 400)),  # names per batch
         (GeneratorSource(events=None, apps=1), (0, 0)),
     ]:
         for split in range(src.splits):

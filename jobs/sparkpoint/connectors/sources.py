@@ -62,9 +62,33 @@ _NAMED_APPS = 1 << 21
 @functools.lru_cache(maxsize=8)
 def _app_names(apps: int) -> np.ndarray:
     """``app-0 .. app-{apps-1}`` as a read-only str array, built once per process."""
-    names = np.array([f"app-{i}" for i in range(apps)])
+    names = _named(np.arange(apps, dtype=np.int64))
     names.flags.writeable = False
     return names
+
+
+def _named(indices: np.ndarray) -> np.ndarray:
+    """``app-{i}`` of every non-negative ``i`` of ``indices`` as a str array, in numpy: the
+    digits written a column at a time, the indices of one length together (a million names
+    in tens of milliseconds, not a second of formatting one by one)."""
+    digits = np.ones(len(indices), dtype=np.int64)
+    bound = 10
+    top = int(indices.max()) if len(indices) else 0
+    while bound <= top:
+        digits += indices >= bound
+        bound *= 10
+    width = 4 + int(digits.max(initial=0))
+    chars = np.zeros((len(indices), width), dtype=np.uint32)
+    chars[:, :4] = np.frombuffer(b"app-", dtype=np.uint8)
+    for length in np.unique(digits).tolist():
+        rows = np.flatnonzero(digits == length)
+        rest = indices[rows]
+        written = np.empty((len(rows), length), dtype=np.uint32)
+        for column in range(length - 1, -1, -1):  # the last digit first
+            written[:, column] = rest % 10 + ord("0")
+            rest = rest // 10
+        chars[rows, 4 : 4 + length] = written
+    return chars.view(f"U{width}").reshape(-1)
 
 
 def _app_ids(idx: np.ndarray, apps: int) -> DictColumn:
@@ -77,10 +101,7 @@ def _app_ids(idx: np.ndarray, apps: int) -> DictColumn:
     if len(idx) >= apps:
         return DictColumn(idx.astype(np.int32), _app_names(apps))
     present, codes = np.unique(idx, return_inverse=True)
-    if apps <= _NAMED_APPS:
-        names = _app_names(apps)[present]
-    else:
-        names = np.array([f"app-{i}" for i in present.tolist()])
+    names = _app_names(apps)[present] if apps <= _NAMED_APPS else _named(present)
     return DictColumn(codes.reshape(-1), names)
 
 

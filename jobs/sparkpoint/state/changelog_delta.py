@@ -41,6 +41,7 @@ from sparkpoint.state.canonical_codec import EntryColumns, encoded_entries
 from sparkpoint.state.column_codec import decode_keys, decode_values, encode_keys, encode_values
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of
 from sparkpoint.state.serializers import Float64Serializer, Int64Serializer, serializer_named
+from sparkpoint.state.slot_table import SlotColumns
 
 MAGIC = b"SPCD"
 VERSION = 1
@@ -77,11 +78,14 @@ def encode_delta(
         table = changes.get(name, {})
         serializer = serializer_named(info.serializer, f"state {name!r}")
         keys = list(table)
-        values = list(table.values())
-        as_str = set(map(type, keys)) == {str}
-        dtype, packed = _array_of(info.kind, serializer, values)
+        numbers = table.number_column() if isinstance(table, SlotColumns) else None
+        dtype, packed = _array_of(info.kind, serializer, numbers)
+        if dtype is None:
+            values = list(table.values())
+            dtype, packed = _array_of(info.kind, serializer, values)
         if dtype is None:
             packed = _encoded_values(states, name, serializer, keys, values)
+        as_str = set(map(type, keys)) == {str}
         encoded_keys = keys if as_str else encode_keys(keys)
         columns.append([name, info.kind, info.serializer, as_str, encoded_keys, dtype, packed])
     body = msgpack.packb(
@@ -123,11 +127,19 @@ def _encoded_values(
         raise
 
 
-def _array_of(kind: str, serializer: Any, values: list[Any]) -> tuple[str | None, Any]:
+def _array_of(
+    kind: str, serializer: Any, values: list[Any] | np.ndarray | None
+) -> tuple[str | None, Any]:
     """The values of a fixed-width serializer as one buffer (all of exactly its type, none
-    removed), else ``(None, None)``."""
+    removed; or a numpy array of its kind), else ``(None, None)``."""
     dtype = _ARRAYS.get(type(serializer)) if kind == "value" else None
-    if dtype is None or set(map(type, values)) != {int if dtype == "<i8" else float}:
+    if dtype is None or values is None:
+        return None, None
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind != np.dtype(dtype).kind:
+            return None, None
+        return dtype, values.astype(dtype, copy=False).tobytes()
+    if set(map(type, values)) != {int if dtype == "<i8" else float}:
         return None, None
     try:
         return dtype, np.array(values, dtype=dtype).tobytes()

@@ -71,6 +71,11 @@ class SlotColumns(Mapping[Any, Any]):
     def items(self) -> Iterator[tuple[Any, Any]]:  # type: ignore[override]
         return zip(self.keys(), self.values(), strict=True)
 
+    def number_column(self) -> np.ndarray | None:
+        """The values as the numpy array they came as (no entry removed), else None."""
+        values = self._values
+        return values if isinstance(values, np.ndarray) else None
+
 
 class SlotTable:
     """Key -> number of one value state, in columns (see the module docstring)."""
@@ -260,8 +265,11 @@ class SlotTable:
         n = len(self._slot)
         changed = np.flatnonzero(self._written[:n])
         self._written[:n] = False
+        removed = np.flatnonzero(~self._present[changed]).tolist()
+        if not removed:  # the numbers stay an array: a delta writes them as one buffer
+            return SlotColumns(self._keys[changed].tolist(), self._values[changed])
         values: list[Any] = self._values[changed].tolist()
-        for index in np.flatnonzero(~self._present[changed]).tolist():
+        for index in removed:
             values[index] = deleted
         return SlotColumns(self._keys[changed].tolist(), values)
 

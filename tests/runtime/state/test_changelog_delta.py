@@ -18,6 +18,7 @@ from sparkpoint.state.backend import DELETED, StateInfo
 from sparkpoint.state.changelog_delta import decode_delta, encode_delta
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import KeyGroupRange, key_group_for
+from sparkpoint.state.slot_table import SlotTable
 
 from .conftest import COUNT, FULL, KEYS, copy_of_tables, filled_hashmap
 from .test_hashmap_versions import MemoryVersionStore
@@ -150,3 +151,21 @@ def test_a_chain_written_by_an_earlier_version_still_reopens(tmp_path: Path) -> 
     assert reopened.channel_watermarks == {0: 400}
     reopened.set_current_key("k7")
     assert reopened.get_state(COUNT).value() == 0  # cleared by the canonical changelog
+
+
+@pytest.mark.parametrize("serializer", ["int64", "float64"])
+def test_a_slot_tables_number_column_is_written_as_the_same_buffer(serializer: str) -> None:
+    table = SlotTable("total", serializer)
+    keys = [f"k{i}" for i in range(1000)]
+    table.put_many(keys, [i * 3 if serializer == "int64" else i / 4 for i in range(1000)])
+    changes = table.take_changes(DELETED)
+    assert changes.number_column() is not None  # nothing removed: the numbers stay an array
+    states = {"total": StateInfo("total", "value", serializer)}
+    common: dict[str, Any] = {"max_parallelism": 128, "key_group_range": FULL, "watermarks": {}}
+    from_array = encode_delta(states, {"total": changes}, **common)
+    as_dict = dict(zip(changes.keys(), changes.values(), strict=True))
+    assert from_array == encode_delta(states, {"total": as_dict}, **common)
+    table.pop("k5")
+    table["k6"] = 1
+    removed = table.take_changes(DELETED)
+    assert removed.number_column() is None and dict(removed.items()) == {"k5": DELETED, "k6": 1}
