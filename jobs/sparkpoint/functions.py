@@ -341,9 +341,9 @@ class CountOperator(KeyedOperator):
             # nothing reads the counts in between (the snapshot follows the flush).
             self._pending.append(keys)
             return Batch.of_rows([])
-        _, ukeys, inverse = _grouped(keys)
+        distinct, ukeys, inverse = _grouped(keys)
         per_key = np.bincount(inverse, minlength=len(ukeys))
-        totals = add_to_many(backend.table(self.STATE), ukeys, per_key)
+        totals = add_to_many(backend.table(self.STATE), ukeys, per_key, distinct)
         # Running count of each record: base + its 1-based rank among its key's records.
         order = np.argsort(_narrow(inverse, len(ukeys)), kind="stable")
         starts = np.concatenate(([0], np.cumsum(per_key)[:-1]))
@@ -358,7 +358,7 @@ class CountOperator(KeyedOperator):
         parts, self._pending = self._pending, []
         ordered, ukeys, inverse = _grouped_parts(parts)
         per_key = np.bincount(inverse, minlength=len(ukeys))
-        totals = add_to_many(backend.table(self.STATE), ukeys, per_key)
+        totals = add_to_many(backend.table(self.STATE), ukeys, per_key, ordered)
         return Batch.of_columns(**{self.key_field: ordered, self.output: totals})
 
 

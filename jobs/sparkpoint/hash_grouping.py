@@ -20,6 +20,8 @@ MAX_WIDTH = 64
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = np.uint64(0x100000001B3)
+# _PADDING[w]: FNV's multiplications for MAX_WIDTH - w zero units after a string of w units.
+_PADDING = [np.uint64(pow(int(_FNV_PRIME), MAX_WIDTH - w, 1 << 64)) for w in range(MAX_WIDTH + 1)]
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -40,15 +42,14 @@ def _width(values: np.ndarray) -> int:
     return values.dtype.itemsize // (4 if values.dtype.kind == "U" else 1)
 
 
-def _hashes(values: np.ndarray, width: int | None = None) -> np.ndarray | None:
-    """A 64-bit hash of every string of a ``U`` or ``S`` array (FNV-1a over its code units,
-    padded with zeros to ``width`` units, the array's own by default, so that arrays of
-    different widths hash alike; then mixed), or None when the strings are too wide to be
-    worth it."""
+def string_hashes(values: np.ndarray) -> np.ndarray | None:
+    """A 64-bit hash of every string of a ``U`` or ``S`` array (FNV-1a over its code units
+    padded with zeros to :data:`MAX_WIDTH` units, then mixed), or None when the strings are
+    wider than that. The padding makes the hash a function of the string alone: arrays of
+    different widths (two batches' dictionaries, a table's keys and a batch's) hash alike."""
     unit = np.uint32 if values.dtype.kind == "U" else np.uint8
     own = _width(values)
-    width = own if width is None else width
-    if not 0 < own <= width <= MAX_WIDTH:
+    if not 0 < own <= MAX_WIDTH:
         return None
     units = np.ascontiguousarray(values).view(unit).reshape(len(values), own)
     h = np.full(len(values), _FNV_OFFSET, dtype=np.uint64)
@@ -56,8 +57,8 @@ def _hashes(values: np.ndarray, width: int | None = None) -> np.ndarray | None:
         for column in range(own):
             h ^= units[:, column].astype(np.uint64)
             h *= _FNV_PRIME
-        if width > own:  # a zero unit leaves the xor as it is: only the multiplications
-            h *= np.uint64(pow(int(_FNV_PRIME), width - own, 1 << 64))
+        # A zero unit leaves the xor as it is: the padding is only its multiplications.
+        h *= _PADDING[own]
     return mix64(h)
 
 
@@ -83,7 +84,7 @@ def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """
     if values.dtype.kind not in "US" or len(values) < MIN_VALUES:
         return None
-    hashes = _hashes(values)
+    hashes = string_hashes(values)
     if hashes is None:
         return None
     order, first, groups = _hash_groups(hashes)
@@ -113,7 +114,7 @@ def group_dictionaries(
     width = max(map(_width, dictionaries))
     hashes: list[np.ndarray] = []
     for values in dictionaries:
-        h = _hashes(values, width)
+        h = string_hashes(values)
         if h is None:
             return None
         hashes.append(h)

@@ -58,7 +58,7 @@ def test_a_hash_collision_falls_back_instead_of_merging_two_keys(
     def one_hash(strings: np.ndarray) -> np.ndarray:
         return np.zeros(len(strings), dtype=np.uint64)
 
-    monkeypatch.setattr(hash_grouping, "_hashes", one_hash)
+    monkeypatch.setattr(hash_grouping, "string_hashes", one_hash)
     assert unique_strings(values) is None
 
 
@@ -93,5 +93,5 @@ def test_dictionaries_of_other_kinds_or_a_collision_are_left_to_the_caller(
     def one_hash(strings: np.ndarray, width: int | None = None) -> np.ndarray:
         return np.zeros(len(strings), dtype=np.uint64)
 
-    monkeypatch.setattr(hash_grouping, "_hashes", one_hash)
+    monkeypatch.setattr(hash_grouping, "string_hashes", one_hash)
     assert group_dictionaries([codes], [words]) is None

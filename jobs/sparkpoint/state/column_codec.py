@@ -70,12 +70,14 @@ def str_keys_fixed(keys: Sequence[Any]) -> np.ndarray | None:
     return None if strings is None else tagged_str_keys(strings)
 
 
-def ascii_strings(keys: Sequence[Any]) -> np.ndarray | None:
+def ascii_strings(keys: Sequence[Any], array: np.ndarray | None = None) -> np.ndarray | None:
     """Keys as a ``U`` array when every one is a str, ASCII, and none ends in NUL (which the
-    array would drop); else None."""
+    array would drop); else None. ``array``: the keys as a ``U`` array already."""
     if not keys or set(map(type, keys)) != {str}:
         return None
-    strings = np.array(keys, dtype=str)
+    if array is None or array.dtype.kind != "U" or len(array) != len(keys):
+        array = np.array(keys, dtype=str)
+    strings = array
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
     if not np.array_equal(np.strings.str_len(strings), lengths):
         return None

@@ -120,14 +120,15 @@ class RocksDBStateTable:
         head_of = map(self._key_group_heads().__getitem__, groups.tolist())
         return list(map(bytes.__add__, head_of, encode_keys(keys)))
 
-    def _db_key_array(self, keys: list[Any]) -> np.ndarray | None:
+    def _db_key_array(self, keys: list[Any], array: np.ndarray | None = None) -> np.ndarray | None:
         """:meth:`db_keys_of` of ASCII str keys as one fixed-width bytes array (no element
-        ends in NUL, so each is its key's bytes); None for other keys.
+        ends in NUL, so each is its key's bytes); None for other keys. ``array``: the keys
+        as a ``U`` array already.
 
         Raises:
             KeyGroupOutOfRangeError: as :meth:`db_keys_of`.
         """
-        strings = ascii_strings(keys)
+        strings = ascii_strings(keys, array)
         if strings is None:
             return None
         # The keys are distinct: hashed one by one as a DictColumn's values, with no sort.
@@ -293,18 +294,21 @@ class RocksDBStateTable:
         self._clean.update(keys)
         self.touched.update(keys)
 
-    def add_many(self, keys: list[Any], deltas: np.ndarray) -> np.ndarray | None:
+    def add_many(
+        self, keys: list[Any], deltas: np.ndarray, strings: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
         ``keys`` of an ``int64`` or ``float64`` value state: one multi-get, the sums in numpy
         and the writes through to RocksDB as :meth:`put_many` does, with no Python value per
         key; the new values. A sum that leaves ``int64`` is refused (naming its key) before
-        anything is written. None for any other state: the caller reads and writes."""
+        anything is written. None for any other state: the caller reads and writes.
+        ``strings``: the keys as a ``U`` array, when they are str (not made again)."""
         dtype = _NUMBERS.get(self.info.serializer) if self._kind == "value" else None
         if dtype is None or not keys:
             return None
         self.flush()  # what was cached key by key is RocksDB's before the read
         # Read and written in key order where the keys allow: RocksDB finds neighbours faster.
-        fixed = self._db_key_array(keys)
+        fixed = self._db_key_array(keys, strings)
         order = None if fixed is None else _bytewise_order(fixed)
         db_keys = self.db_keys_of(keys) if fixed is None else fixed[order].tolist()
         base = self._numbers(multi_get(self._db, db_keys), dtype)

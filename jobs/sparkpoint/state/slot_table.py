@@ -1,7 +1,9 @@
 """The ``hashmap`` table of a value state of fixed-width numbers (declared ``int64`` or
 ``float64``): the values in one numpy array, not one Python object per key.
 
-A dict maps each key to a slot; ``values[slot]`` is its number, ``present[slot]`` whether it
+A dict maps each key to a slot (or, for a table of many str keys updated a batch at a time,
+a :class:`~sparkpoint.state.hash_index.HashIndex`: see :meth:`SlotTable.add_many`);
+``values[slot]`` is its number, ``present[slot]`` whether it
 has one (a removed key keeps its slot, so adding it again reuses it) and ``written[slot]``
 whether it was written since the last :meth:`SlotTable.take_changes`. A batch of keys costs one
 dict lookup per key and numpy for the rest, where a dict of objects pays a lookup per read, per
@@ -23,6 +25,7 @@ import numpy as np
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.records import object_array
+from sparkpoint.state.hash_index import HashIndex, str_array
 
 __all__ = ["COLUMN_SERIALIZERS", "SlotColumns", "SlotTable", "refused_value"]
 
@@ -30,6 +33,8 @@ COLUMN_SERIALIZERS = {"int64": np.dtype(np.int64), "float64": np.dtype(np.float6
 _MISSING: Any = object()
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _ITEMS_CHUNK = 4096
+# A batch of at least this many keys, given as a str array, moves the table to a hash index.
+INDEX_MIN_KEYS = 4096
 
 
 class SlotColumns(Mapping[Any, Any]):
@@ -82,8 +87,11 @@ class SlotTable:
 
     __slots__ = (
         "_dtype",
+        "_index",
+        "_indexable",
         "_keys",
         "_len",
+        "_n",
         "_name",
         "_present",
         "_serializer",
@@ -97,7 +105,11 @@ class SlotTable:
         self._name = name
         self._serializer = serializer
         self._dtype = COLUMN_SERIALIZERS[serializer]
-        self._slot: dict[Any, int] = {}
+        # key -> slot; None while the hash index finds the slots instead (see add_many)
+        self._slot: dict[Any, int] | None = {}
+        self._index: HashIndex | None = None
+        self._indexable = True  # False once the index had to give way to the dict
+        self._n = 0  # slots taken
         self._keys = np.empty(0, dtype=object)
         self._values = np.zeros(0, dtype=self._dtype)
         self._present = np.zeros(0, dtype=bool)
@@ -121,14 +133,14 @@ class SlotTable:
         return self._len
 
     def __contains__(self, key: object) -> bool:
-        slot = self._slot.get(key)
+        slot = self._slots().get(key)
         return slot is not None and bool(self._present[slot])
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.keys())
 
     def get(self, key: Any, default: Any = None) -> Any:
-        slot = self._slot.get(key)
+        slot = self._slots().get(key)
         if slot is None or not self._present[slot]:
             return default
         return self._values[slot].item()
@@ -141,14 +153,14 @@ class SlotTable:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.raw_set(key, value)
-        self._written[self._slot[key]] = True
+        self._written[self._slots()[key]] = True
 
     def __delitem__(self, key: Any) -> None:
         if self.pop(key, _MISSING) is _MISSING:
             raise KeyError(key)
 
     def pop(self, key: Any, default: Any = None) -> Any:
-        slot = self._slot.get(key)
+        slot = self._slots().get(key)
         if slot is None or not self._present[slot]:
             return default
         self._present[slot] = False
@@ -194,14 +206,26 @@ class SlotTable:
         slots = self._put(keys, values)
         self._written[slots] = True
 
-    def add_many(self, keys: list[Any], deltas: np.ndarray) -> np.ndarray:
+    def add_many(
+        self, keys: list[Any], deltas: np.ndarray, strings: np.ndarray | None = None
+    ) -> np.ndarray:
         """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
         ``keys``, with one lookup per key; the new values. A sum that leaves ``int64`` is
-        refused (naming its key) before anything is written."""
-        slots = self._lookup(keys)
+        refused (naming its key) before anything is written.
+
+        ``strings``: the keys as a ``U`` or ``S`` array, when they are all str. A batch of
+        :data:`INDEX_MIN_KEYS` or more of them moves a table of str keys from its dict to a
+        :class:`~sparkpoint.state.hash_index.HashIndex` (which then finds the slots of every
+        such batch, and takes in the new keys without a dict to update); a lookup of one key,
+        a batch without strings, or any doubt of the index moves it back to a dict for good.
+        """
+        indexed = strings is not None and self._index_ready(strings, len(keys))
+        slots = self._lookup(keys, strings if indexed else None)
         new = slots < 0
         if new.any():
             slots[new] = self._new_slots(list(itertools.compress(keys, new.tolist())))
+            if self._index is not None and strings is not None:
+                self._index_new(strings[new])
         present = self._present[slots]
         base = np.where(present, self._values[slots], 0)
         totals = base + deltas
@@ -221,7 +245,7 @@ class SlotTable:
     def raw_set(self, key: Any, value: Any) -> None:
         """Set one value without counting it as a change (a restore)."""
         number = self._checked(key, value)
-        slot = self._slot.get(key)
+        slot = self._slots().get(key)
         if slot is None:
             slot = self._new_slots([key])[0]
         if not self._present[slot]:
@@ -231,7 +255,7 @@ class SlotTable:
 
     def raw_pop(self, key: Any) -> None:
         """Remove one key without counting it as a change (a restore)."""
-        slot = self._slot.get(key)
+        slot = self._slots().get(key)
         if slot is not None and self._present[slot]:
             self._present[slot] = False
             self._len -= 1
@@ -239,7 +263,7 @@ class SlotTable:
     def raw_update(self, keys: list[Any], values: list[Any]) -> None:
         """Set many values without counting them as changes (a restore). Into an empty table
         (a working state's base), distinct keys take their slots in order: no lookups."""
-        if self._slot or not keys:
+        if self._n or not keys:
             self._put(keys, values)
             return
         slot = dict(zip(keys, range(len(keys)), strict=False))
@@ -249,6 +273,7 @@ class SlotTable:
         numbers = self._column(keys, values)
         self._reserve(max(len(keys), 1024))
         self._slot = slot
+        self._n = len(keys)
         self._keys[: len(keys)] = object_array(keys)
         self._values[: len(keys)] = numbers
         self._present[: len(keys)] = True
@@ -262,7 +287,7 @@ class SlotTable:
     def take_changes(self, deleted: Any) -> SlotColumns:
         """The keys written since the last call and their values (``deleted`` for a removed
         key); then none is."""
-        n = len(self._slot)
+        n = self._n
         changed = np.flatnonzero(self._written[:n])
         self._written[:n] = False
         removed = np.flatnonzero(~self._present[changed]).tolist()
@@ -279,10 +304,46 @@ class SlotTable:
     # ------------------------------------------------------------------------- inside
 
     def _live(self) -> np.ndarray:
-        return np.flatnonzero(self._present[: len(self._slot)])
+        return np.flatnonzero(self._present[: self._n])
 
-    def _lookup(self, keys: list[Any]) -> np.ndarray:
-        get = self._slot.get
+    def _slots(self) -> dict[Any, int]:
+        """The dict of key -> slot, made from the keys if the hash index had it instead
+        (which then gives way for good: lookups of single keys would rebuild it each time)."""
+        if self._slot is None:
+            self._slot = dict(zip(self._keys[: self._n].tolist(), range(self._n), strict=True))
+            self._index = None
+            self._indexable = False
+        return self._slot
+
+    def _index_ready(self, strings: np.ndarray, count: int) -> bool:
+        """Whether the hash index, brought up to date with every slot, finds the slots of
+        this batch of str keys (see :meth:`add_many`)."""
+        if not self._indexable or strings.dtype.kind not in "US":
+            return False
+        if self._index is None:
+            if count < INDEX_MIN_KEYS:
+                return False
+            self._index = HashIndex()
+        behind = self._keys[self._index.indexed : self._n]
+        known = str_array(behind) if len(behind) else strings[:0]
+        if known is None or not self._index.add(known):
+            self._slots()
+            return False
+        self._slot = None  # the index finds the slots now: no dict to keep up to date
+        return True
+
+    def _index_new(self, strings: np.ndarray) -> None:
+        """Index the slots just made for ``strings`` (the last ``len(strings)``)."""
+        assert self._index is not None
+        if self._index.indexed + len(strings) != self._n or not self._index.add(strings):
+            self._slots()
+
+    def _lookup(self, keys: list[Any], strings: np.ndarray | None = None) -> np.ndarray:
+        if strings is not None and self._index is not None:
+            slots = self._index.find(strings, keys, self._keys)
+            if slots is not None:
+                return slots
+        get = self._slots().get
         return np.fromiter(map(get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(keys))
 
     def _put(self, keys: list[Any], values: Any) -> np.ndarray:
@@ -305,16 +366,18 @@ class SlotTable:
 
     def _new_slots(self, keys: list[Any]) -> np.ndarray:
         """Slots for ``keys`` (distinct and not in the table)."""
-        start = len(self._slot)
+        start = self._n
         end = start + len(keys)
         if end > len(self._values):
             self._reserve(max(end, 2 * len(self._values), 1024))
-        self._slot.update(zip(keys, range(start, end), strict=True))
+        if self._slot is not None:
+            self._slot.update(zip(keys, range(start, end), strict=True))
         self._keys[start:end] = object_array(keys)
+        self._n = end
         return np.arange(start, end, dtype=np.int64)
 
     def _reserve(self, capacity: int) -> None:
-        n = len(self._slot)
+        n = self._n
         keys = np.empty(capacity, dtype=object)
         keys[:n] = self._keys[:n]
         self._keys = keys
