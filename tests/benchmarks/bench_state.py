@@ -5,9 +5,10 @@
 
 One keyed subtask (all 128 key groups), one value state of int keys and ~100-byte values
 (``pickle``, the descriptors' default serializer), as many keys as make the canonical snapshot
-the target size. Per state size and configuration -- ``hashmap`` (canonical), ``rocksdb``
-full (canonical export), ``rocksdb`` native (its files, all of them) and ``rocksdb``
-incremental (new SST files only) -- a fresh process fills the state (round 0, a full round),
+the target size. Per state size and configuration -- ``hashmap`` checkpoints (its columns
+format), ``hashmap`` canonical (as a savepoint writes it), ``rocksdb`` full (canonical
+export), ``rocksdb`` native (its files, all of them) and ``rocksdb`` incremental (new SST
+files only) -- a fresh process fills the state (round 0, a full round),
 then plays "1 % of the keys change per second, a checkpoint every second" for ``--rounds``
 rounds, each in the order of the runtime's keyed task (``runtime/tasks.py``):
 
@@ -92,7 +93,8 @@ class Config:
 CONFIGS = {
     c.key: c
     for c in (
-        Config("hashmap", "hashmap full (canonical)", "hashmap", False, False),
+        Config("hashmap", "hashmap checkpoint (columns)", "hashmap", True, False),
+        Config("hashmap-canonical", "hashmap full (canonical)", "hashmap", False, False),
         Config("rocksdb-full", "rocksdb full (canonical export)", "rocksdb", False, False),
         Config("rocksdb-native", "rocksdb native, all files", "rocksdb", True, False),
         Config("rocksdb-incremental", "rocksdb incremental", "rocksdb", True, True),

@@ -6,8 +6,9 @@ of the backend's key group range, which records the keys read or written since t
 :meth:`HashMapKeyedStateBackend.take_changes`: the epoch's changelog
 (:mod:`sparkpoint.state.changelog`) writes only those. A value state declared ``int64`` or
 ``float64`` (the built-in ``count``'s) keeps its numbers in columns instead
-(:class:`~sparkpoint.state.slot_table.SlotTable`): a batch of keys costs one dict lookup each,
-a capture copies arrays, and its changes are the keys written.
+(:class:`~sparkpoint.state.slot_table.SlotTable`): a batch of keys costs one dict lookup each
+(thousands of str keys: a search of their hashes in a sorted array), a capture copies arrays,
+and its changes are the keys written.
 
 **Snapshots**: a savepoint is canonical (:mod:`sparkpoint.state.canonical`); a checkpoint is
 the backend's own format, the tables' columns as the working state's base writes them
