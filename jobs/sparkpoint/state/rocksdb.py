@@ -390,7 +390,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         1. when the store keeps durable copies (clusters), write the epoch's changes through
            :func:`sparkpoint.state.changelog.save` (the chain format the ``hashmap`` backend
            uses: a delta, or now and then a full base), its local files in
-           ``<local_dir>/changelog``; else just forget the changes;
+           ``<local_dir>/changelog``; else just forget the changes, and track none in the
+           next epochs of this backend (which save to the same storage);
         2. write the caches and metadata, flush the memtables and checkpoint the database
            into ``<local_dir>/versions/<tag>`` (hard links: the cost is the new SST files);
         3. keep this live backend in the process cache under ``(local_dir, tag)``.
@@ -399,12 +400,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             The bytes written (new local files and durable ones), the durable chain's URL and
             its files (None and none on a single machine).
         """
-        # Step 1: the durable changelog.
+        # Step 1: the durable changelog (a full base when the keys were not tracked).
         if store.durable:
-            durable = changelog.save(self, ChangelogStore(store), tag, previous)
+            untracked = not all(t.track_touched for t in self._tables.values())
+            chained = None if untracked else previous
+            durable = changelog.save(self, ChangelogStore(store), tag, chained)
         else:
             self.forget_changes()
             durable = SavedVersion(0)
+        for table in self._tables.values():  # the next epochs save to the same storage
+            table.track_touched = store.durable
         # Step 2: the local version (an upload record arrives before it or beside it).
         with self._record_lock:
             self.flush()

@@ -22,8 +22,9 @@ import pickle
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
@@ -194,6 +195,45 @@ def multi_get(db: Rdict, keys: list[bytes]) -> list[bytes | None]:
     One point lookup per key: rocksdict's list form of ``get`` (a RocksDB multi-get) measured
     1.4-1.8x slower here than a lookup per key, on present and absent keys alike."""
     values: list[bytes | None] = list(map(db.get, keys))
+    return values
+
+
+#: A sorted batch of keys at least this share of the database's entries is read by one scan.
+SCAN_SHARE = 0.25
+#: Fewer keys than this are always looked up one by one.
+SCAN_MIN_KEYS = 1024
+
+
+def get_sorted(db: Rdict, keys: np.ndarray, listed: list[bytes]) -> list[bytes | None]:
+    """The values of ``keys`` (None where absent), in order: distinct keys in key order, as
+    a fixed-width ``S`` array none of whose elements ends in NUL, and as a list.
+
+    A point lookup costs about 2 us here and a scan about a quarter of that per entry, so a
+    batch that is at least :data:`SCAN_SHARE` of the database's entries (RocksDB's estimate)
+    is read by one scan from its first key to its last and matched in numpy (a stored key
+    that an ``S`` array cannot tell from another, one ending in NUL, sends it back to point
+    lookups); a smaller one by :func:`multi_get`.
+    """
+    estimate = db.property_int_value("rocksdb.estimate-num-keys") or 0
+    if len(listed) < max(SCAN_MIN_KEYS, SCAN_SHARE * estimate):
+        return multi_get(db, listed)
+    read = ReadOptions()
+    read.set_iterate_upper_bound(listed[-1] + b"\x00")  # just past the last key
+    stored_keys = cast(list[bytes], list(db.keys(from_key=listed[0], read_opt=read)))
+    stored_values = cast(list[bytes], list(db.values(from_key=listed[0], read_opt=read)))
+    stored = np.array(stored_keys, dtype=bytes)
+    lengths = np.fromiter(map(len, stored_keys), dtype=np.int64, count=len(stored_keys))
+    if (
+        len(stored_values) != len(stored)
+        or not len(stored)
+        or not np.array_equal(np.strings.str_len(stored), lengths)
+    ):
+        return multi_get(db, listed)
+    at = np.minimum(np.searchsorted(stored, keys), len(stored) - 1)
+    hits = np.flatnonzero(stored[at] == keys).tolist()
+    values: list[bytes | None] = [None] * len(listed)
+    for index, value in zip(hits, map(stored_values.__getitem__, at[hits].tolist()), strict=True):
+        values[index] = value
     return values
 
 

@@ -33,7 +33,13 @@ from sparkpoint.state.column_codec import (
     tagged_str_keys,
 )
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
-from sparkpoint.state.rocksdb_store import iter_raw, multi_get, state_prefix, successor
+from sparkpoint.state.rocksdb_store import (
+    get_sorted,
+    iter_raw,
+    multi_get,
+    state_prefix,
+    successor,
+)
 from sparkpoint.state.serializers import (
     decode_key,
     decode_value,
@@ -86,6 +92,9 @@ class RocksDBStateTable:
         self._db_keys: dict[Any, bytes] = {}  # key -> its RocksDB key, for cached keys
         self._clean: set[Any] = set()  # cached keys whose value RocksDB has (put_many)
         self.touched: set[Any] = set()  # keys read or written since take_touched()
+        # False while no durable changelog will ask for the touched keys (a single machine):
+        # a batch of a million keys then costs no set of them.
+        self.track_touched = True
         self._heads: list[bytes] | None = None  # key group -> its RocksDB key prefix
 
     def __repr__(self) -> str:
@@ -188,7 +197,8 @@ class RocksDBStateTable:
             self._db_keys[key] = db_key
         else:
             self._clean.discard(key)  # handed out: it may be mutated in place
-        self.touched.add(key)
+        if self.track_touched:
+            self.touched.add(key)
         return value
 
     def _maybe_flush(self) -> None:
@@ -217,7 +227,8 @@ class RocksDBStateTable:
             self._db_keys[key] = self.db_key(key)
         self._cache[key] = _ABSENT if value is None else value
         self._clean.discard(key)
-        self.touched.add(key)
+        if self.track_touched:
+            self.touched.add(key)
 
     def __delitem__(self, key: Any) -> None:
         if self.get(key, _UNCACHED) is _UNCACHED:
@@ -250,7 +261,8 @@ class RocksDBStateTable:
             for key, db_key, data in zip(missing, db_keys, stored, strict=True):
                 cache[key] = _NOT_FOUND if data is None else self.decode(data)
                 self._db_keys[key] = db_key
-        self.touched.update(keys)
+        if self.track_touched:
+            self.touched.update(keys)
         if self._clean:
             self._clean.difference_update(keys)
         values = [cache[key] for key in keys]
@@ -292,13 +304,15 @@ class RocksDBStateTable:
         if size:
             self._db.write(batch)
         self._clean.update(keys)
-        self.touched.update(keys)
+        if self.track_touched:
+            self.touched.update(keys)
 
     def add_many(
         self, keys: list[Any], deltas: np.ndarray, strings: np.ndarray | None = None
     ) -> np.ndarray | None:
         """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
-        ``keys`` of an ``int64`` or ``float64`` value state: one multi-get, the sums in numpy
+        ``keys`` of an ``int64`` or ``float64`` value state: one read of the batch in key
+        order (:func:`~sparkpoint.state.rocksdb_store.get_sorted`), the sums in numpy
         and the writes through to RocksDB as :meth:`put_many` does, with no Python value per
         key; the new values. A sum that leaves ``int64`` is refused (naming its key) before
         anything is written. None for any other state: the caller reads and writes.
@@ -310,8 +324,14 @@ class RocksDBStateTable:
         # Read and written in key order where the keys allow: RocksDB finds neighbours faster.
         fixed = self._db_key_array(keys, strings)
         order = None if fixed is None else _bytewise_order(fixed)
-        db_keys = self.db_keys_of(keys) if fixed is None else fixed[order].tolist()
-        base = self._numbers(multi_get(self._db, db_keys), dtype)
+        if fixed is None:
+            db_keys = self.db_keys_of(keys)
+            stored = multi_get(self._db, db_keys)
+        else:
+            in_order = fixed[order]
+            db_keys = in_order.tolist()
+            stored = get_sorted(self._db, in_order, db_keys)
+        base = self._numbers(stored, dtype)
         if order is not None:
             base[order] = base.copy()
         totals = base + deltas.astype(dtype, copy=False)
@@ -321,15 +341,19 @@ class RocksDBStateTable:
                 first = int(wrapped[0])
                 value = int(base[first]) + int(deltas[first])
                 raise refused_value(self.info.name, self.info.serializer, keys[first], value)
-        data, width = (totals if order is None else totals[order]).tobytes(), dtype.itemsize
-        values = [data[i : i + width] for i in range(0, len(data), width)]
+        width = dtype.itemsize
+        # Each number's bytes (little-endian, as the serializer writes them); a void view
+        # keeps trailing zero bytes, which a bytes ("S") view would drop.
+        written = np.ascontiguousarray(totals if order is None else totals[order], dtype=dtype)
+        values = written.view(f"V{width}").tolist()
         step = max(1, WRITE_BATCH_BYTES // (len(db_keys[0]) + width))
         for a in range(0, len(keys), step):
             batch = WriteBatch(raw_mode=True)
             for _ in map(batch.put, db_keys[a : a + step], values[a : a + step]):
                 pass
             self._db.write(batch)
-        self.touched.update(keys)
+        if self.track_touched:
+            self.touched.update(keys)
         return totals
 
     def _numbers(self, stored: list[bytes | None], dtype: np.dtype[Any]) -> np.ndarray:

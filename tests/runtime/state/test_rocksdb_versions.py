@@ -132,6 +132,30 @@ def test_another_executor_rebuilds_a_version_from_the_durable_chain(tmp_path: Pa
     backend.close()
 
 
+def test_a_backend_without_durable_copies_stops_tracking_keys_and_a_durable_save_is_full(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore(str(tmp_path / "keyed"))
+    backend = RocksDBKeyedStateBackend(128, FULL, db_dir=os.path.join(store.local_dir, "db"))
+    backend.get_state(COUNT)
+    table = backend.table("count")
+    table.put_many(["a", "b"], [1, 2])
+    backend.save_version(store, "v1", None)  # a single machine: no changelog
+    table.put_many(["c"], [3])
+    assert table.touched == set()  # no one will ask which keys changed
+    store.durable = True  # were the storage to change, the changelog starts with a base
+    saved = backend.save_version(store, "v2", "v1")
+    assert [f.rsplit("/", 1)[1] for f in saved.durable_files] == ["v2.base", "v2.chain"]
+    table.put_many(["d"], [4])
+    assert table.touched == {"d"}  # tracked again: the next changelog is a delta
+    other = FakeStore(str(tmp_path / "other"), durable=True, files=store.files)
+    other.durable_url = saved.durable_url
+    rebuilt = _open(other, "v2")
+    assert dict(rebuilt.table("count").items()) == {"a": 1, "b": 2, "c": 3}
+    rebuilt.close()
+    backend.close()
+
+
 def test_the_upload_record_follows_the_versions(tmp_path: Path) -> None:
     storage = FakeStorage(tmp_path / "storage")
     store = FakeStore(str(tmp_path / "keyed"))
