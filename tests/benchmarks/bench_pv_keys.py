@@ -124,7 +124,8 @@ def main() -> int:
         f"PV count, {args.events:,} events, --emit epoch, checkpoints every 1 s (rocksdb: "
         f"incremental), {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d')}, commit {commit}\n\n"
-        f"`.venv/bin/python tests/benchmarks/bench_pv_keys.py --events {args.events}`"
+        f"`.venv/bin/python tests/benchmarks/bench_pv_keys.py --events {args.events} "
+        f"--repeats {args.repeats}`"
     )
     table = header + "\n\n" + "\n".join(rows)
     data = {
