@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +33,10 @@ from sparkpoint.errors import (
 )
 from sparkpoint.protocol import SharedFileModel, StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
+
+log = logging.getLogger(__name__)
+#: A full filesystem or quota: the place is right but has no room now, not a wrong setting.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 _GLOB_CHARS = frozenset("*?[]")
 #: Filesystems with an atomic rename whose listings show every write at once. Any other
@@ -307,6 +314,11 @@ def check_segment(
 def probe_directory(fs: fsspec.AbstractFileSystem, path: str, option: str, url: str) -> None:
     """Create ``path`` on ``fs``, write a probe file there and delete it again.
 
+    A filesystem that is full (or over quota) is not a wrong setting: a warning says so and
+    the job starts; what it writes there fails, and is retried under the failure policy,
+    until there is room again (a driver restarting while the disk is full must not end the
+    job as misconfigured).
+
     Raises:
         ConfigurationError: ``cannot write to OPTION URL: ERROR`` on one line.
     """
@@ -317,6 +329,17 @@ def probe_directory(fs: fsspec.AbstractFileSystem, path: str, option: str, url: 
         fs.rm(probe)
     except Exception as err:  # OSError locally; object stores raise their own errors too
         detail = " ".join(str(err).split()) or type(err).__name__
+        if isinstance(err, OSError) and err.errno in _FULL:
+            with contextlib.suppress(Exception):
+                fs.rm(probe)
+            log.warning(
+                "%s %s has no room now (%s); starting anyway: what is written there fails "
+                "and is retried until there is room",
+                option,
+                url,
+                detail,
+            )
+            return
         raise ConfigurationError(f"cannot write to {option} {url}: {detail}") from err
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,36 @@ def test_inline_storage_checks_the_directory_its_metadata_goes_to(tmp_path: Path
     storage = JobManagerCheckpointStorage(metadata_url=f"file://{blocked}")
     with pytest.raises(ConfigurationError, match=r"^cannot write to --checkpoint-dir file://"):
         storage.check_writable("job-1")
+
+
+def test_a_full_checkpoint_dir_is_not_a_wrong_setting(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver that restarts while the disk is full starts; its checkpoints fail (and are
+    retried under the failure policy) until there is room, as a running job's would."""
+    full = tmp_path / "full"
+    full.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "sparkpoint-full", str(full)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"needs a tmpfs mount (root): {mounted.stderr.decode().strip()}")
+    try:
+        storage = FileSystemCheckpointStorage(f"file://{full}")
+        (full / "job-1").mkdir()
+        # Fill it to the last block.
+        with contextlib.suppress(OSError), open(full / "filler", "wb") as out:
+            while True:
+                out.write(b"x" * 4096)
+                out.flush()
+        with caplog.at_level(logging.WARNING):
+            storage.check_writable("job-1", local_dir=str(tmp_path / "local"))
+        assert f"--checkpoint-dir file://{full} has no room now ([Errno 28]" in caplog.text
+        assert [p.name for p in (full / "job-1").iterdir()] == []  # no probe left
+        blocked = _blocked(tmp_path)  # a wrong path is still refused
+        with pytest.raises(ConfigurationError, match="cannot write to --checkpoint-dir"):
+            FileSystemCheckpointStorage(f"file://{blocked}").check_writable("job-1")
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True, check=False)
