@@ -18,8 +18,9 @@ import numpy as np
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.hash_grouping import group_dictionaries, unique_strings
 from sparkpoint.records import Batch, Column, DictColumn, object_array
-from sparkpoint.state.backend import KeyedStateBackend, add_to_many
+from sparkpoint.state.backend import KeyedStateBackend
 from sparkpoint.state.descriptors import ValueStateDescriptor
+from sparkpoint.state.table_states import add_to_many
 from sparkpoint.timers import InternalTimerService, TimerService
 from sparkpoint.watermarks import TimestampSelector, extract_timestamps
 

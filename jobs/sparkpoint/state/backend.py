@@ -38,8 +38,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
-import numpy as np
-
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.descriptors import (
     ListState,
@@ -121,24 +119,6 @@ class StateTable(Protocol):
     def put_many(self, keys: list[Any], values: list[Any]) -> None:
         """Set ``keys[i]`` to ``values[i]`` for every i."""
         ...
-
-
-def add_to_many(
-    table: StateTable, keys: list[Any], deltas: np.ndarray, array: np.ndarray | None = None
-) -> np.ndarray:
-    """Add ``deltas[i]`` to the number of ``keys[i]`` (0 where absent) for distinct ``keys``;
-    the new values. A table that keeps numbers does it in one pass (``add_many``, which
-    answers None for a state it cannot add to); any other reads and writes the batch.
-    ``array``: the keys as a numpy array too (a table of str keys finds them from it)."""
-    add_many = getattr(table, "add_many", None)
-    strings = array if array is not None and array.dtype.kind in "US" else None
-    totals = None if add_many is None else add_many(keys, deltas, strings)
-    if totals is not None:
-        return totals
-    base = np.fromiter(table.get_many(keys, 0), dtype=np.int64, count=len(keys))
-    totals = base + deltas
-    table.put_many(keys, totals.tolist())
-    return totals
 
 
 @dataclass(frozen=True)

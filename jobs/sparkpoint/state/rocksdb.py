@@ -30,7 +30,6 @@ from typing import Any
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
 from sparkpoint.state import changelog
 from sparkpoint.state.backend import (
-    DELETED,
     ChangeSet,
     KeyedStateBackend,
     SavedVersion,
@@ -48,7 +47,6 @@ from sparkpoint.state.rocksdb_snapshot import (
 from sparkpoint.state.rocksdb_store import (
     DEFAULT_WRITE_BUFFER_BYTES,
     DBMeta,
-    multi_get,
     open_db,
     raw_entries,
     read_meta,
@@ -242,16 +240,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         (:data:`~sparkpoint.state.backend.DELETED` where absent)."""
         touched = {name: table.take_touched() for name, table in self._tables.items()}
         self.flush()
-        changes: dict[str, Mapping[Any, Any]] = {}
-        for name, keys in touched.items():
-            if not keys:
-                continue
-            table, ordered = self._tables[name], list(keys)
-            stored = multi_get(self._db, [table.db_key(key) for key in ordered])
-            changes[name] = {
-                key: DELETED if data is None else table.decode(data)
-                for key, data in zip(ordered, stored, strict=True)
-            }
+        changes: dict[str, Mapping[Any, Any]] = {
+            name: self._tables[name].current_values(keys) for name, keys in touched.items() if keys
+        }
         return ChangeSet(
             states=self.state_infos, changes=changes, watermarks=dict(self.channel_watermarks)
         )

@@ -25,7 +25,7 @@ import numpy as np
 from rocksdict import Rdict, WriteBatch
 
 from sparkpoint.records import DictColumn
-from sparkpoint.state.backend import StateInfo, key_outside_range
+from sparkpoint.state.backend import DELETED, StateInfo, key_outside_range
 from sparkpoint.state.column_codec import (
     ascii_strings,
     encode_keys,
@@ -426,6 +426,15 @@ class RocksDBStateTable:
             self._db_keys.clear()
             clean.clear()
         return written
+
+    def current_values(self, keys: set[Any]) -> dict[Any, Any]:
+        """Each key's value in RocksDB (after a :meth:`flush`), ``DELETED`` where absent."""
+        ordered = list(keys)
+        stored = multi_get(self._db, [self.db_key(key) for key in ordered])
+        return {
+            key: DELETED if data is None else self.decode(data)
+            for key, data in zip(ordered, stored, strict=True)
+        }
 
     def take_touched(self) -> set[Any]:
         """The keys read or written since the last call (then forgotten)."""

@@ -5,13 +5,16 @@ value; for a list state the value is a list, for a map state a dict) and always 
 backend's current key, which it asks the
 :class:`~sparkpoint.state.backend.KeyedStateBackend` for on every access. Values are mutated
 in place: a table counts every key it was asked for as changed. :func:`bind_state` makes the
-object a state descriptor asks for.
+object a state descriptor asks for; :func:`add_to_many` adds to the numbers of a batch of keys
+at once (the built-in ``count``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.descriptors import (
@@ -174,3 +177,21 @@ class _TableMapState(_TableState, MapState):
 
     def is_empty(self) -> bool:
         return not self._map()
+
+
+def add_to_many(
+    table: StateTable, keys: list[Any], deltas: np.ndarray, array: np.ndarray | None = None
+) -> np.ndarray:
+    """Add ``deltas[i]`` to the number of ``keys[i]`` (0 where absent) for distinct ``keys``;
+    the new values. A table that keeps numbers does it in one pass (``add_many``, which
+    answers None for a state it cannot add to); any other reads and writes the batch.
+    ``array``: the keys as a numpy array too (a table of str keys finds them from it)."""
+    add_many = getattr(table, "add_many", None)
+    strings = array if array is not None and array.dtype.kind in "US" else None
+    totals = None if add_many is None else add_many(keys, deltas, strings)
+    if totals is not None:
+        return totals
+    base = np.fromiter(table.get_many(keys, 0), dtype=np.int64, count=len(keys))
+    totals = base + deltas
+    table.put_many(keys, totals.tolist())
+    return totals

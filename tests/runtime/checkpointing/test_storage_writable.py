@@ -79,7 +79,7 @@ def test_a_full_checkpoint_dir_is_not_a_wrong_setting(
         check=False,
     )
     if mounted.returncode != 0:
-        pytest.skip(f"needs a tmpfs mount (root): {mounted.stderr.decode().strip()}")
+        pytest.skip(reason=f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
     try:
         storage = FileSystemCheckpointStorage(f"file://{full}")
         (full / "job-1").mkdir()

@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.state.backend import StateInfo, add_to_many
+from sparkpoint.state.backend import StateInfo
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.key_groups import KeyGroupOutOfRangeError, KeyGroupRange, key_group_for
 from sparkpoint.state.rocksdb import RocksDBKeyedStateBackend
 from sparkpoint.state.rocksdb_tables import _bytewise_order
+from sparkpoint.state.table_states import add_to_many
 
 from .conftest import COUNT, EVENTS, FULL, LAST_SEEN
 

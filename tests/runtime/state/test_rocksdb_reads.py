@@ -11,10 +11,10 @@ import pytest
 from rocksdict import WriteBatch
 
 from sparkpoint.state import rocksdb_store
-from sparkpoint.state.backend import add_to_many
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.rocksdb import RocksDBKeyedStateBackend
 from sparkpoint.state.rocksdb_store import get_sorted, multi_get, open_db
+from sparkpoint.state.table_states import add_to_many
 
 from .conftest import FULL
 

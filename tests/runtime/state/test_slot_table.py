@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.functions import CountOperator
 from sparkpoint.records import Batch
-from sparkpoint.state.backend import DELETED, add_to_many
+from sparkpoint.state.backend import DELETED
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend, TrackedTable
 from sparkpoint.state.slot_table import SlotColumns, SlotTable
+from sparkpoint.state.table_states import add_to_many
 from sparkpoint.testing import MemorySnapshotTarget, snapshot_blob
 
 from .conftest import FULL
