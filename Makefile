@@ -24,11 +24,15 @@ $(VENV)/.installed: pyproject.toml
 # and moves tests only when a worker runs dry, so a module's Spark baseline (a module-scoped
 # fixture) is mostly computed once.
 TEST_WORKERS ?= 3
+# `make test-slow` in SLOW_TEST_WORKERS processes: its tests mostly wait for the processes they
+# start (one worker keeps 0.7 of a core busy), so two take 9.7 min instead of ~24 here; a third
+# gains under a minute and slows each end-to-end test by half.
+SLOW_TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow and not spark_matrix" -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest -m "slow and not spark_matrix"
+	$(PY) -m pytest -m "slow and not spark_matrix" -n $(SLOW_TEST_WORKERS) --dist worksteal
 
 test-spark-matrix: $(VENV)/.installed
 	$(PY) -m pytest -m spark_matrix
