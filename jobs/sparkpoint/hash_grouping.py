@@ -129,7 +129,8 @@ def group_dictionaries(
     group_of[occurs[order]] = groups
     # The distinct values: each group's first value, taken from the dictionary that has it
     # (the groups sorted by where that value is, so each dictionary's share is one slice).
-    chosen = occurs[order[first]]
+    leaders = order[first]  # each group's first value, as positions in occurs
+    chosen = occurs[leaders]
     column_of = np.searchsorted(starts, chosen, side="right") - 1
     # A stable sort of 16-bit integers is a radix sort: O(n).
     narrow = column_of.astype(np.uint16 if len(dictionaries) <= 1 << 16 else np.int64)
@@ -141,11 +142,15 @@ def group_dictionaries(
     for column, values in enumerate(dictionaries):
         a, b = cuts[column], cuts[column + 1]
         distinct[by_place[a:b]] = values[placed[a:b] - starts[column]]
-    # Every occurring value equals its group's (a collision would merge two keys); occurs is
-    # sorted, so each dictionary's occurring values are one slice of it too.
-    cuts = [*np.searchsorted(occurs, starts).tolist(), len(occurs)]
+    # Every occurring value equals its group's (a collision would merge two keys); a group's
+    # first value is its own, so only the others are compared. occurs is sorted, and so are
+    # the others, so each dictionary's share of them is one slice.
+    follows = np.ones(len(occurs), dtype=bool)
+    follows[leaders] = False
+    others = occurs[follows]
+    cuts = [*np.searchsorted(others, starts).tolist(), len(others)]
     for column, values in enumerate(dictionaries):
-        mine = occurs[cuts[column] : cuts[column + 1]]
+        mine = others[cuts[column] : cuts[column + 1]]
         if not np.array_equal(values[mine - starts[column]], distinct[group_of[mine]]):
             return None
     return distinct, group_of[everywhere]

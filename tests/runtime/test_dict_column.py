@@ -254,6 +254,7 @@ def test_generated_app_ids_are_the_records_the_source_always_produced() -> None:
     for src, (start, end) in [
         (GeneratorSource(events=None, apps=100, rate=0, seed=3), (0, 5000)),
         (GeneratorSource(events=None, apps=100_000, splits=3), (7, 507)),  # fewer than apps
+        (GeneratorSource(events=None, apps=100_000), (0, 20_000)),  # counted over the apps
         (GeneratorSource(events=None, apps=30_000_000_000), (0, 400)),  # names per batch
         (GeneratorSource(events=None, apps=1), (0, 0)),
     ]:

@@ -57,6 +57,9 @@ class Source(abc.ABC):
 # Up to this many apps, a process names them all once (about 40 bytes each) and a batch takes
 # its apps' names from that array; beyond, a batch names its own apps.
 _NAMED_APPS = 1 << 21
+# Fewer records than apps / this: the apps that occur are found by sorting the records, not by
+# counting over every app.
+_SORT_BELOW = 16
 
 
 @functools.lru_cache(maxsize=8)
@@ -100,9 +103,16 @@ def _app_ids(idx: np.ndarray, apps: int) -> DictColumn:
     """
     if len(idx) >= apps:
         return DictColumn(idx.astype(np.int32), _app_names(apps))
-    present, codes = np.unique(idx, return_inverse=True)
+    if len(idx) * _SORT_BELOW < apps:  # a few records of many apps: sort them
+        present, codes = np.unique(idx, return_inverse=True)
+        codes = codes.reshape(-1)
+    else:  # which apps occur, and each one's rank among them, in O(records + apps)
+        present = np.flatnonzero(np.bincount(idx, minlength=apps))
+        rank = np.empty(apps, dtype=np.int32)
+        rank[present] = np.arange(len(present), dtype=np.int32)
+        codes = rank[idx]
     names = _app_names(apps)[present] if apps <= _NAMED_APPS else _named(present)
-    return DictColumn(codes.reshape(-1), names)
+    return DictColumn(codes, names)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ class HashIndex:
         self.indexed += len(strings)
         return True
 
+    def shares_a_hash(self) -> bool:
+        """Whether two indexed slots have one hash (the same key twice, or a collision)."""
+        return bool(np.any(self._hashes[1:] == self._hashes[:-1]))
+
     def find(self, strings: np.ndarray, keys: list[Any], stored: np.ndarray) -> np.ndarray | None:
         """The slot of every key of ``keys`` (``strings`` as an array), -1 for a key that no
         indexed slot holds; None when a hash is unusable or matches a slot that ``stored``

@@ -262,22 +262,42 @@ class SlotTable:
 
     def raw_update(self, keys: list[Any], values: list[Any]) -> None:
         """Set many values without counting them as changes (a restore). Into an empty table
-        (a working state's base), distinct keys take their slots in order: no lookups."""
-        if self._n or not keys:
-            self._put(keys, values)
-            return
-        slot = dict(zip(keys, range(len(keys)), strict=False))
-        if len(slot) < len(keys):  # a repeated key: the last one wins, as in a dict
-            self._put(keys, values)
-            return
+        (a working state's base), distinct keys take their slots in order: no lookups. Many
+        str keys are indexed by hash (as :meth:`add_many` would index them), not by a dict."""
+        strings = self._batch_strings(keys)
+        if self._n or not keys or not self._fill(keys, values, strings):
+            self._put(keys, values, strings)
+
+    def _fill(self, keys: list[Any], values: list[Any], strings: np.ndarray | None) -> bool:
+        """Distinct ``keys`` into an empty table, in order; False on a repeated key."""
+        index: HashIndex | None = None
+        slot: dict[Any, int] | None = None
+        if strings is not None:
+            index = HashIndex()
+            if not index.add(strings) or index.shares_a_hash():  # a repeat, or a collision
+                index = None
+        if index is None:
+            slot = dict(zip(keys, range(len(keys)), strict=False))
+            if len(slot) < len(keys):  # a repeated key: the last one wins, as in a dict
+                return False
         numbers = self._column(keys, values)
         self._reserve(max(len(keys), 1024))
-        self._slot = slot
+        self._slot, self._index = slot, index
         self._n = len(keys)
         self._keys[: len(keys)] = object_array(keys)
         self._values[: len(keys)] = numbers
         self._present[: len(keys)] = True
         self._len = len(keys)
+        return True
+
+    def _batch_strings(self, keys: list[Any]) -> np.ndarray | None:
+        """``keys`` as a ``U`` array for the hash index to find: when it finds this table's
+        slots already, or the batch is large enough to move the table to it; else None."""
+        if not self._indexable or (self._index is None and len(keys) < INDEX_MIN_KEYS):
+            return None
+        if not keys or set(map(type, keys)) != {str}:
+            return None
+        return np.array(keys, dtype=str)
 
     def copy(self) -> SlotColumns:
         """The live entries now (the synchronous part of a snapshot: a copy of columns)."""
@@ -328,6 +348,7 @@ class SlotTable:
         known = str_array(behind) if len(behind) else strings[:0]
         if known is None or not self._index.add(known):
             self._slots()
+            self._index, self._indexable = None, False  # for good, as a dict's table
             return False
         self._slot = None  # the index finds the slots now: no dict to keep up to date
         return True
@@ -346,16 +367,22 @@ class SlotTable:
         get = self._slots().get
         return np.fromiter(map(get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(keys))
 
-    def _put(self, keys: list[Any], values: Any) -> np.ndarray:
+    def _put(self, keys: list[Any], values: Any, strings: np.ndarray | None = None) -> np.ndarray:
         """Write ``values`` at ``keys`` (the last of a repeated key wins, as in a dict); the
-        slots written."""
+        slots written. ``strings``: the keys as a ``U`` array, for the hash index."""
         numbers = self._column(keys, values)
-        slots = self._lookup(keys)
+        indexed = strings is not None and self._index_ready(strings, len(keys))
+        slots = self._lookup(keys, strings if indexed else None)
         new = slots < 0
         if new.any():
             fresh = list(dict.fromkeys(itertools.compress(keys, new.tolist())))
             self._new_slots(fresh)
-            slots[new] = self._lookup(list(itertools.compress(keys, new.tolist())))
+            unseen = list(itertools.compress(keys, new.tolist()))
+            if self._index is not None and strings is not None:
+                self._index_new(np.array(fresh, dtype=str))
+                slots[new] = self._lookup(unseen, strings[new])
+            else:
+                slots[new] = self._lookup(unseen)
         if len(slots) > 1 and np.bincount(slots).max() > 1:  # repeated keys: keep the last
             last = len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1]
             slots, numbers = slots[last], numbers[last]

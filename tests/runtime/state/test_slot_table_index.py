@@ -23,6 +23,7 @@ OPERATIONS = st.lists(
         st.tuples(st.just("pop"), STR_KEYS),
         st.tuples(st.just("get"), STR_KEYS),
         st.tuples(st.just("take")),
+        st.tuples(st.just("load"), st.lists(st.tuples(STR_KEYS, st.integers(-9, 9)))),
     ),
     max_size=30,
 )
@@ -53,6 +54,9 @@ def test_the_index_answers_as_the_dict_does(ops: list[Any]) -> None:
                 if op[1] in model:
                     written[op[1]] = DELETED
                 assert table.pop(op[1], "none") == model.pop(op[1], "none")
+            elif op[0] == "load":  # a restore: repeated keys, the last one wins
+                table.raw_update([k for k, _ in op[1]], [v for _, v in op[1]])
+                model.update(op[1])
             elif op[0] == "get":
                 assert table.get(op[1], "none") == model.get(op[1], "none")
             else:
@@ -99,3 +103,20 @@ def test_a_restored_table_indexes_its_loaded_keys() -> None:
     totals = _add(table, {f"user-{i}": 1 for i in range(2500, 7500)})
     assert totals == list(range(2501, 5001)) + [1] * 2500
     assert table._index is not None and len(table) == 7500
+
+
+def test_a_restore_of_many_str_keys_indexes_them_without_a_dict() -> None:
+    table = SlotTable("total", "int64")
+    table.raw_update([f"user-{i}" for i in range(5000)], list(range(5000)))
+    assert table._slot is None and table._index is not None
+    table.raw_update([f"user-{i}" for i in range(4000, 6000)], [-1] * 2000)  # the next delta
+    assert table._slot is None and len(table) == 6000
+    assert _add(table, {"user-1": 1, "user-4500": 1, "user-7000": 1}) == [2, 0, 1]
+    assert table._index is not None and table._index.indexed == 6001
+
+
+def test_a_restore_with_a_repeated_key_keeps_the_last_value() -> None:
+    table = SlotTable("total", "int64")
+    keys = [f"user-{i}" for i in range(5000)] + ["user-7"]
+    table.raw_update(keys, [*range(5000), 70])
+    assert len(table) == 5000 and table["user-7"] == 70 and table["user-4999"] == 4999
