@@ -217,10 +217,12 @@ def _ascii_crc32s(strings: np.ndarray) -> np.ndarray | None:
     if int(points.max()) >= 0x80:
         return None
     lengths = np.strings.str_len(strings).reshape(-1)
+    shortest = int(lengths.min())
     crc = np.full(len(points), _M32, dtype=np.uint32)
     for column in range(int(lengths.max())):
         step = _CRC32_TABLE[(crc ^ points[:, column]) & 0xFF] ^ (crc >> np.uint32(8))
-        crc = np.where(column < lengths, step, crc)
+        # Every string is longer than the shortest: no choice to make up to its length.
+        crc = step if column < shortest else np.where(column < lengths, step, crc)
     return crc ^ np.uint32(_M32)
 
 
