@@ -17,7 +17,10 @@ URL of each file, so another executor rebuilds the version from the durable copi
 A Python worker keeps the backend it saved (:data:`_LIVE`, per local directory and tag): the
 next epoch of the same subtask in the same worker continues on it without reading a byte. A
 backend is only reused at the exact tag it saved; a retry of a failed epoch asks for the
-previous tag and gets it rebuilt from the files.
+previous tag and gets it rebuilt from the files. Spark hands a subtask's next task to any idle
+Python worker, so a worker often kept the subtask at an earlier version of the same chain:
+with ``catch_up`` (the ``hashmap`` backend), it reads only the deltas written since (the
+epochs that other workers ran), not the base and every delta again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparkpoint.errors import CorruptSnapshotError
 from sparkpoint.state import canonical, changelog_delta
@@ -34,8 +37,17 @@ from sparkpoint.state.restoring import SnapshotMerge, check_max_parallelism, reg
 
 MAX_DELTAS = 32
 
-# local directory -> (tag, backend): the backend this worker saved last for that subtask.
-_LIVE: dict[str, tuple[str, KeyedStateBackend]] = {}
+
+class _Live(NamedTuple):
+    """The backend this worker saved last for a subtask: its tag and its chain's files."""
+
+    tag: str
+    backend: KeyedStateBackend
+    files: tuple[str, ...]
+
+
+# local directory -> the backend this worker saved last for that subtask.
+_LIVE: dict[str, _Live] = {}
 
 
 def _write_local(directory: str, name: str, data: bytes) -> None:
@@ -111,36 +123,53 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
     _write_local(store.local_dir, f"{tag}.chain", chain_blob)
     durable = store.write_durable(f"{tag}.chain", chain_blob)
     # Step 4
-    _LIVE[store.local_dir] = (tag, backend)
+    _LIVE[store.local_dir] = _Live(tag, backend, tuple(f["name"] for f in files))
     needed = tuple(f["durable"] for f in files if f["durable"]) + ((durable,) if durable else ())
     return SavedVersion(len(blob) + len(chain_blob), durable, needed)
 
 
 def open_version(
-    backend: KeyedStateBackend, store: VersionStore, tag: str
+    backend: KeyedStateBackend, store: VersionStore, tag: str, *, catch_up: bool = False
 ) -> KeyedStateBackend | None:
-    """Version ``tag``: this worker's live backend when it is at ``tag``, else ``backend``
-    (empty) rebuilt from the chain's files; None when neither this executor nor the durable
-    copy has the chain.
+    """Version ``tag``: this worker's live backend when it is at ``tag``; with ``catch_up``,
+    the live backend brought to ``tag`` when its version's files begin ``tag``'s chain (only
+    the later files are read); else ``backend`` (empty) rebuilt from the chain's files. None
+    when neither this executor nor the durable copy has the chain.
 
     Raises:
         CorruptSnapshotError: a chain file is missing or damaged.
     """
     live = _LIVE.pop(store.local_dir, None)
-    if (
-        live is not None
-        and live[0] == tag
-        and live[1].max_parallelism == backend.max_parallelism
-        and live[1].key_group_range == backend.key_group_range
+    if live is not None and (
+        live.backend.max_parallelism != backend.max_parallelism
+        or live.backend.key_group_range != backend.key_group_range
     ):
-        return live[1]
-    if live is not None:
-        live[1].close()
+        live.backend.close()
+        live = None
+    if live is not None and live.tag == tag:
+        return live.backend
     chain = _chain(store, tag, store.durable_url)
+    files = [] if chain is None else chain["files"]
+    done = len(live.files) if live is not None else 0
+    if live is not None and (
+        not catch_up or done >= len(files) or [f["name"] for f in files[:done]] != [*live.files]
+    ):
+        live.backend.close()
+        live, done = None, 0
     if chain is None:
         return None
+    target = backend if live is None else live.backend
+    _load(target, store, tag, files, done)
+    target.take_changes()  # what was loaded is not a change of the next epoch
+    return target
+
+
+def _load(
+    backend: KeyedStateBackend, store: VersionStore, tag: str, files: list[Any], start: int
+) -> None:
+    """Apply the chain files ``files[start:]`` of version ``tag`` to ``backend``."""
     merge = SnapshotMerge(backend)
-    for index, entry in enumerate(chain["files"]):
+    for index, entry in enumerate(files[start:], start):
         data = _read_local(store.local_dir, entry["name"])
         if data is None and entry.get("durable"):
             data = store.read_durable(entry["durable"])
@@ -167,8 +196,6 @@ def open_version(
         else:
             backend.load(snap.entries(backend.key_group_range))
         backend.channel_watermarks = dict(snap.watermarks)
-    backend.take_changes()  # what was loaded is not a change of the next epoch
-    return backend
 
 
 def prune(store: VersionStore, keep: set[str]) -> None:

@@ -342,7 +342,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         cls, store: VersionStore, tag: str, max_parallelism: int, key_group_range: KeyGroupRange
     ) -> HashMapKeyedStateBackend | None:
         backend = cls(max_parallelism, key_group_range)
-        live = changelog.open_version(backend, store, tag)
+        live = changelog.open_version(backend, store, tag, catch_up=True)
         assert live is None or isinstance(live, HashMapKeyedStateBackend)
         return live
 

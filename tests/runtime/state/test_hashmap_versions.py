@@ -173,6 +173,43 @@ def test_the_live_backend_is_reused_only_at_the_tag_it_saved(store: MemoryVersio
     )
 
 
+def test_a_worker_behind_reads_only_the_deltas_written_since_its_version(
+    store: MemoryVersionStore,
+) -> None:
+    worker_a = filled_hashmap(1000)
+    worker_a.save_version(store, "v1", None)
+    kept = changelog._LIVE.pop(store.local_dir)  # worker A's process keeps v1
+    worker_b = _open(store, "v1")  # the next epoch runs in worker B: rebuilt from the files
+    assert worker_b is not None and worker_b is not worker_a
+    _epoch(worker_b, "e2", range(0, 10))
+    worker_b.save_version(store, "v2", "v1")
+    _epoch(worker_b, "e3", range(5, 20))
+    worker_b.save_version(store, "v3", "v2")
+    expected, watermarks = copy_of_tables(worker_b), worker_b.channel_watermarks
+    changelog._LIVE[store.local_dir] = kept  # the epoch after runs in worker A again
+    os.remove(os.path.join(store.local_dir, "v1.base"))  # reading it would fail the open
+    caught_up = _open(store, "v3")
+    assert caught_up is worker_a and copy_of_tables(caught_up) == expected
+    assert caught_up.channel_watermarks == watermarks
+    assert caught_up.take_changes().changes == {}  # what was loaded is no change
+
+
+def test_a_worker_behind_a_new_base_rebuilds(store: MemoryVersionStore) -> None:
+    backend = filled_hashmap(50)
+    backend.save_version(store, "v1", None)
+    kept = changelog._LIVE.pop(store.local_dir)
+    other = _open(store, "v1")
+    assert other is not None
+    _epoch(other, "e2", range(50))  # every key changed: the next version is a new base
+    other.save_version(store, "v2", "v1")
+    other.save_version(store, "v3", "v2")
+    assert _chain(store, "v3")["files"][0]["name"] != "v1.base"
+    changelog._LIVE[store.local_dir] = kept
+    rebuilt = _open(store, "v3")
+    assert rebuilt is not None and rebuilt is not backend
+    assert copy_of_tables(rebuilt) == copy_of_tables(other)
+
+
 def test_a_failed_epoch_is_not_seen_by_its_retry(store: MemoryVersionStore) -> None:
     saved = filled_hashmap(20)
     saved.save_version(store, "v1", None)
