@@ -25,14 +25,16 @@ $(VENV)/.installed: pyproject.toml
 # fixture) is mostly computed once.
 TEST_WORKERS ?= 3
 # `make test-slow` in SLOW_TEST_WORKERS processes: its tests mostly wait for the processes they
-# start (one worker keeps 0.7 of a core busy), so two take 9.7 min instead of ~24 here; a third
-# gains under a minute and slows each end-to-end test by half.
+# start (one worker keeps 0.7 of a core busy), so two take 9.6 min instead of ~24 here; a third
+# gains under a minute and slows each end-to-end test by half. loadscope keeps a module's tests
+# in one worker, so a module's stack (compose services, a standalone cluster, a dashboard)
+# starts once and its tests run in the order they were written.
 SLOW_TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow and not spark_matrix" -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest -m "slow and not spark_matrix" -n $(SLOW_TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -m "slow and not spark_matrix" -n $(SLOW_TEST_WORKERS) --dist loadscope
 
 test-spark-matrix: $(VENV)/.installed
 	$(PY) -m pytest -m spark_matrix

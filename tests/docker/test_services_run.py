@@ -12,6 +12,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,6 +30,7 @@ from tests.docker.local_stack import (
     LocalService,
     start_service,
 )
+from tests.e2e.control_plane import wait_for
 from tests.server.conftest import PG_ADMIN_URL
 from tests.support.redis_server import REDIS_URL
 
@@ -160,9 +162,14 @@ def test_the_control_plane_migrated_postgresql_at_start(stack: Stack) -> None:
 
 def test_the_worker_registered_with_the_master_with_its_cores(stack: Stack) -> None:
     ui = f"http://{HOST}:{stack.where.ports['8080']}/json/"
-    with urllib.request.urlopen(ui, timeout=10) as answer:
-        state = json.load(answer)
-    workers = [w for w in state["workers"] if w["state"] == "ALIVE"]
+
+    def alive() -> list[Any]:
+        with urllib.request.urlopen(ui, timeout=10) as answer:
+            state = json.load(answer)
+        return [w for w in state["workers"] if w["state"] == "ALIVE"]
+
+    # The worker's health check is its own UI; it registers with the master a moment later.
+    workers = wait_for("the worker to register with the master", alive, timeout_s=60)
     assert [w["cores"] for w in workers] == [2]
 
 
