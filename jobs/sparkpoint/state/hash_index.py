@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkpoint.hash_grouping import string_hashes
+from sparkpoint.hash_grouping import hash_order, string_hashes
 from sparkpoint.records import object_array
 
 __all__ = ["HashIndex", "str_array"]
@@ -42,7 +42,7 @@ class HashIndex:
         hashes = string_hashes(strings)
         if hashes is None:
             return False
-        order = np.argsort(hashes)
+        order = hash_order(hashes)
         hashes = hashes[order]
         at = np.searchsorted(self._hashes, hashes)
         self._hashes = np.insert(self._hashes, at, hashes)

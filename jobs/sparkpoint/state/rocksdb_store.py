@@ -230,11 +230,13 @@ def get_sorted(db: Rdict, keys: np.ndarray, listed: list[bytes]) -> list[bytes |
     ):
         return multi_get(db, listed)
     at = np.minimum(np.searchsorted(stored, keys), len(stored) - 1)
-    hits = np.flatnonzero(stored[at] == keys).tolist()
-    values: list[bytes | None] = [None] * len(listed)
-    for index, value in zip(hits, map(stored_values.__getitem__, at[hits].tolist()), strict=True):
-        values[index] = value
-    return values
+    hits = np.flatnonzero(stored[at] == keys)
+    scanned = np.empty(len(stored_values), dtype=object)
+    scanned[:] = stored_values
+    values = np.full(len(listed), None, dtype=object)
+    values[hits] = scanned[at[hits]]
+    found: list[bytes | None] = values.tolist()
+    return found
 
 
 def iter_raw(db: Rdict, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
