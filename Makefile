@@ -100,7 +100,9 @@ DEMO_DASHBOARD_PORT ?= 8050
 
 # The control plane (embedded Redis unless REDIS_URL, SQLite unless DATABASE_URL), the dashboard
 # and the example job connected to them; the control plane and the dashboard keep running after
-# the job finished, until Ctrl-C.
+# the job finished, until Ctrl-C. They run in sessions of their own (setsid), so Ctrl-C reaches
+# only the job: it cancels and reports that through the control plane's Redis, and then the
+# trap stops the control plane (and with it the embedded Redis) and the dashboard.
 demo: $(VENV)/.installed
 	@# A new demo starts clean but keeps the savepoints earlier demos took (nothing deletes them).
 	mkdir -p $(DEMO_DIR)/server
@@ -110,8 +112,8 @@ demo: $(VENV)/.installed
 	@set -euo pipefail; \
 	export SPARKPOINT_DATA_DIR=$(abspath $(DEMO_DIR))/server; \
 	export SPARKPOINT_API_URL=http://127.0.0.1:$(DEMO_PORT); \
-	$(VENV)/bin/sparkpoint server --port $(DEMO_PORT) > $(DEMO_DIR)/server.log 2>&1 & server=$$!; \
-	$(VENV)/bin/sparkpoint dashboard --port $(DEMO_DASHBOARD_PORT) > $(DEMO_DIR)/dashboard.log 2>&1 & dashboard=$$!; \
+	setsid $(VENV)/bin/sparkpoint server --port $(DEMO_PORT) > $(DEMO_DIR)/server.log 2>&1 & server=$$!; \
+	setsid $(VENV)/bin/sparkpoint dashboard --port $(DEMO_DASHBOARD_PORT) > $(DEMO_DIR)/dashboard.log 2>&1 & dashboard=$$!; \
 	trap 'kill $$server $$dashboard 2>/dev/null; wait $$server $$dashboard 2>/dev/null' EXIT INT TERM; \
 	for _ in $$(seq 60); do curl -sf http://127.0.0.1:$(DEMO_PORT)/healthz >/dev/null && break; sleep 0.5; done; \
 	curl -sf http://127.0.0.1:$(DEMO_PORT)/healthz >/dev/null || { cat $(DEMO_DIR)/server.log; exit 1; }; \
