@@ -62,8 +62,8 @@ def string_hashes(values: np.ndarray) -> np.ndarray | None:
     return mix64(h)
 
 
-def hash_order(hashes: np.ndarray) -> np.ndarray:
-    """The order that sorts ``hashes`` (equal hashes in any order).
+def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The order that sorts ``hashes`` (equal hashes in any order), and the sorted hashes.
 
     A sort of values is faster than an argsort (61 against 97 ms for 1.2 M here), so each
     hash's low bits are replaced by its index and the packed values sorted: that orders the
@@ -71,24 +71,23 @@ def hash_order(hashes: np.ndarray) -> np.ndarray:
     hundred batches of a million) may then come out of order, which a check finds; that
     batch is argsorted instead."""
     bits = max(1, (len(hashes) - 1).bit_length())
-    if bits > 32:
-        return np.argsort(hashes)
-    low = np.uint64((1 << bits) - 1)
-    packed = hashes & ~low
-    packed |= np.arange(len(hashes), dtype=np.uint64)
-    packed.sort()
-    order = (packed & low).astype(np.intp)
-    ordered = hashes[order]
-    if bool(np.any(ordered[1:] < ordered[:-1])):
-        return np.argsort(hashes)
-    return order
+    if bits <= 32:
+        low = np.uint64((1 << bits) - 1)
+        packed = hashes & ~low
+        packed |= np.arange(len(hashes), dtype=np.uint64)
+        packed.sort()
+        order = (packed & low).astype(np.intp)
+        ordered = hashes[order]
+        if not np.any(ordered[1:] < ordered[:-1]):
+            return order, ordered
+    order = np.argsort(hashes)
+    return order, hashes[order]
 
 
 def _hash_groups(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The order that sorts ``hashes``, whether each sorted hash starts a group, and the
     group of each sorted hash (groups numbered in hash order)."""
-    order = hash_order(hashes)
-    ordered = hashes[order]
+    order, ordered = hash_order(hashes)
     first = np.empty(len(ordered), dtype=bool)
     first[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=first[1:])

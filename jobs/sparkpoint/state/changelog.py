@@ -149,19 +149,21 @@ def open_version(
     if live is not None and live.tag == tag:
         return live.backend
     chain = _chain(store, tag, store.durable_url)
-    files = [] if chain is None else chain["files"]
-    done = len(live.files) if live is not None else 0
-    if live is not None and (
-        not catch_up or done >= len(files) or [f["name"] for f in files[:done]] != [*live.files]
-    ):
+    if live is not None and not (catch_up and chain is not None and _extends(chain, live.files)):
         live.backend.close()
-        live, done = None, 0
+        live = None
     if chain is None:
         return None
-    target = backend if live is None else live.backend
-    _load(target, store, tag, files, done)
+    target, start = (backend, 0) if live is None else (live.backend, len(live.files))
+    _load(target, store, tag, chain["files"], start)
     target.take_changes()  # what was loaded is not a change of the next epoch
     return target
+
+
+def _extends(chain: dict[str, Any], files: tuple[str, ...]) -> bool:
+    """Whether ``chain`` is ``files`` followed by at least one more file."""
+    names = tuple(entry["name"] for entry in chain["files"])
+    return len(names) > len(files) and names[: len(files)] == files
 
 
 def _load(

@@ -42,8 +42,7 @@ class HashIndex:
         hashes = string_hashes(strings)
         if hashes is None:
             return False
-        order = hash_order(hashes)
-        hashes = hashes[order]
+        order, hashes = hash_order(hashes)
         at = np.searchsorted(self._hashes, hashes)
         self._hashes = np.insert(self._hashes, at, hashes)
         self._slots = np.insert(self._slots, at, order + self.indexed)
@@ -74,9 +73,10 @@ class HashIndex:
         return slots
 
 
-def str_array(keys: np.ndarray) -> np.ndarray | None:
-    """Keys (an object array) as a ``U`` array when every one is a str, else None."""
-    listed = keys.tolist()
+def str_array(keys: np.ndarray | list[Any]) -> np.ndarray | None:
+    """Keys (an object array or a list) as a ``U`` array when every one is a str, else
+    None."""
+    listed = keys.tolist() if isinstance(keys, np.ndarray) else keys
     if set(map(type, listed)) != {str}:
         return None if listed else np.array([], dtype="U1")
     return np.array(listed, dtype=str)

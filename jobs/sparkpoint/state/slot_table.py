@@ -293,11 +293,9 @@ class SlotTable:
     def _batch_strings(self, keys: list[Any]) -> np.ndarray | None:
         """``keys`` as a ``U`` array for the hash index to find: when it finds this table's
         slots already, or the batch is large enough to move the table to it; else None."""
-        if not self._indexable or (self._index is None and len(keys) < INDEX_MIN_KEYS):
+        if not keys or not self._indexable or (self._index is None and len(keys) < INDEX_MIN_KEYS):
             return None
-        if not keys or set(map(type, keys)) != {str}:
-            return None
-        return np.array(keys, dtype=str)
+        return str_array(keys)
 
     def copy(self) -> SlotColumns:
         """The live entries now (the synchronous part of a snapshot: a copy of columns)."""
@@ -375,9 +373,9 @@ class SlotTable:
         slots = self._lookup(keys, strings if indexed else None)
         new = slots < 0
         if new.any():
-            fresh = list(dict.fromkeys(itertools.compress(keys, new.tolist())))
-            self._new_slots(fresh)
             unseen = list(itertools.compress(keys, new.tolist()))
+            fresh = list(dict.fromkeys(unseen))
+            self._new_slots(fresh)
             if self._index is not None and strings is not None:
                 self._index_new(np.array(fresh, dtype=str))
                 slots[new] = self._lookup(unseen, strings[new])
