@@ -1,4 +1,5 @@
-"""Fixtures of the control plane's tests: a migrated database on SQLite and on PostgreSQL.
+"""Fixtures of the control plane's tests: a migrated database on SQLite and on PostgreSQL,
+and ``harness``: a control plane on that database with a real Redis.
 
 PostgreSQL: a fresh database per test session on the server of ``DATABASE_TEST_URL``
 (``postgresql://postgres@127.0.0.1:5432/test`` by default, where CI starts one), dropped at the
@@ -9,16 +10,22 @@ asks for both databases.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from sparkpoint.transport import Streams, redis_client
 from sparkpoint_server.config import normalize_database_url
 from sparkpoint_server.storage.db import create_db_engine, migrate, session_factory
 from sparkpoint_server.storage.models import Base
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_harness import REDIS_URL, Harness
 
 PG_ADMIN_URL = normalize_database_url(
     os.environ.get("DATABASE_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -75,3 +82,14 @@ def engine(database_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def sessions(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
+
+
+@pytest.fixture
+def harness(tmp_path: Path, sessions: sessionmaker[Session]) -> Iterator[Harness]:
+    """A control plane on the test database and the real Redis, on streams of its own."""
+    client = redis_client(REDIS_URL)
+    streams = Streams(prefix=f"test-{uuid.uuid4().hex[:8]}")
+    yield Harness(tmp_path, sessions, client, streams)
+    for key in client.scan_iter(f"{streams.prefix}:*"):
+        client.delete(key)
+    client.close()

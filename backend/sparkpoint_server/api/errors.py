@@ -92,16 +92,22 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method the request's path has (Starlette's 405 names only its first route's):
-    the operations the OpenAPI document lists at a matching path, the app's own routes
-    (``/openapi.json``, ``/docs``), and HEAD wherever GET is."""
-    scope = {key: request.scope[key] for key in ("type", "path", "root_path", "method")}
+    the operations the OpenAPI document lists at the path itself when it lists the path
+    (``/jobs/overview`` is a resource of its own, not the job ``overview``), else at every
+    path template that matches it and the app's own routes (``/openapi.json``, ``/docs``);
+    and HEAD wherever GET is."""
+    paths: dict[str, Any] = request.app.openapi().get("paths", {})
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
-            methods |= route.methods or set()
-    for path, operations in request.app.openapi().get("paths", {}).items():
-        if compile_path(path)[0].match(request.url.path):
-            methods |= {method.upper() for method in operations}
+    if request.url.path in paths:
+        methods = {method.upper() for method in paths[request.url.path]}
+    else:
+        scope = {key: request.scope[key] for key in ("type", "path", "root_path", "method")}
+        for route in request.app.router.routes:
+            if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
+                methods |= route.methods or set()
+        for path, operations in paths.items():
+            if compile_path(path)[0].match(request.url.path):
+                methods |= {method.upper() for method in operations}
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)

@@ -1,11 +1,12 @@
-"""Jobs: the list, one job's detail, its throughput and failures, and cancelling it."""
+"""Jobs: the list and overview, one job's detail, its throughput and failures, cancelling it."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from sparkpoint.limits import MAX_INT
 from sparkpoint_server.api.deps import (
@@ -20,6 +21,7 @@ from sparkpoint_server.api.responses import (
     ExceptionHistory,
     JobDetails,
     JobList,
+    JobsOverview,
     RequestAccepted,
     ThroughputSample,
     answer,
@@ -27,7 +29,7 @@ from sparkpoint_server.api.responses import (
 )
 from sparkpoint_server.api.schemas import JobId
 from sparkpoint_server.errors import InvalidRequestError
-from sparkpoint_server.storage import queries
+from sparkpoint_server.storage import job_overview, queries
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_token)])
 
@@ -54,6 +56,37 @@ def list_jobs(
     with sessions() as session:
         jobs, total = queries.list_jobs(session, clock.now_ms(), limit=limit, offset=offset)
     return json_response({"jobs": jobs, "total": total})
+
+
+# Before /jobs/{job_id}, which would take `overview` for a job id.
+@router.get(
+    "/jobs/overview",
+    summary="Jobs overview",
+    description="Flink's `GET /jobs/overview`: every job, newest first, as Flink's "
+    "`JobDetails`: `jid`, `name`, `state`, `start-time`, `end-time` (-1 while it has not "
+    "ended), `duration`, `last-modification` (its latest status change) and `tasks`: how many "
+    "of its subtasks are in each of Flink's execution states, and `total` (the sum of its "
+    "vertices' parallelism). Sparkpoint does not track subtasks one by one: each is counted "
+    "in the state its job's status implies: CREATED `created`, RUNNING `running`, FAILING and "
+    "CANCELLING `canceling`, RESTARTING and CANCELED `canceled`, FAILED `failed`, FINISHED "
+    "`finished` (`scheduled`, `deploying`, `reconciling`, `initializing` stay 0). The path is "
+    "not a job id: a job whose id is `overview` is listed here and at `GET /jobs`, but has no "
+    "`GET` or `PATCH /jobs/{job_id}`; its other routes work.",
+    response_model=None,
+    responses=answer(JobsOverview),
+)
+def jobs_overview(sessions: SessionsDep, clock: ClockDep) -> JSONResponse:
+    with sessions() as session:
+        return json_response({"jobs": job_overview.jobs_overview(session, clock.now_ms())})
+
+
+async def _overview_is_not_a_job(request: Request) -> Response:
+    """``PATCH /jobs/overview`` is not a cancel of a job ``overview``: the path has only GET."""
+    raise HTTPException(405)
+
+
+# A plain route (no token dependency), as Starlette's own 405 for a method the path lacks.
+router.add_route("/jobs/overview", _overview_is_not_a_job, ["PATCH"], include_in_schema=False)
 
 
 @router.get(

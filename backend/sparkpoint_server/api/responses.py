@@ -162,6 +162,47 @@ class JobList(BaseModel):
     total: int
 
 
+class TaskCounts(BaseModel):
+    """Flink's `tasks` of a job: how many of its subtasks are in each execution state (all in
+    the one its job's status implies, as the route says), and `total`."""
+
+    created: int
+    scheduled: int
+    deploying: int
+    running: int
+    finished: int
+    canceling: int
+    canceled: int
+    failed: int
+    reconciling: int
+    initializing: int
+    total: int = Field(description="The sum of the parallelism of the job's vertices")
+
+
+class JobsOverviewEntry(BaseModel):
+    """Flink's `JobDetails` of one job."""
+
+    model_config = _ANSWER
+
+    jid: str
+    name: str
+    state: JobStatus
+    start_time: int = Field(alias="start-time")
+    end_time: int = Field(alias="end-time", description="-1 while the job has not ended")
+    duration: int = Field(description="ms since the start, until the end once it has ended")
+    last_modification: int = Field(
+        alias="last-modification",
+        description="When the job's status last changed (its start if it never did)",
+    )
+    tasks: TaskCounts
+
+
+class JobsOverview(BaseModel):
+    """Flink's `MultipleJobsDetails`: every job, newest first."""
+
+    jobs: list[JobsOverviewEntry]
+
+
 class JobDetails(BaseModel):
     """Flink's job detail plus the status history, throughput, configuration and Spark."""
 

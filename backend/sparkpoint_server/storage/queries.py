@@ -35,6 +35,8 @@ T = JobStatusChange.__table__.c
 O = Operation.__table__.c  # noqa: E741 - the operations table, as C/J/H/E/T
 
 COMPLETED = "COMPLETED"
+#: The order of every job listing: the newest start first, then by id (a stable page).
+NEWEST_FIRST = (J.start_time.desc(), J.job_id)
 STATUS_HISTORY_LIMIT = 1000  # the newest transitions a job's detail lists
 
 #: API field of the checkpoint configuration -> key of ``jobs.checkpoint_config``.
@@ -100,7 +102,7 @@ def list_jobs(
         )
         .select_from(Job.__table__)
         .outerjoin(Checkpoint, (C.job_id == J.job_id) & (C.checkpoint_id == newest_id))
-        .order_by(J.start_time.desc(), J.job_id)
+        .order_by(*NEWEST_FIRST)
         .limit(limit)
         .offset(offset)
     ).all()
@@ -109,9 +111,7 @@ def list_jobs(
             "id": row.job_id,
             "name": row.name,
             "status": row.status,
-            "start-time": row.start_time,
-            "end-time": -1 if row.end_time is None else row.end_time,
-            "duration": _duration(row.start_time, row.end_time, now_ms),
+            **job_times(row.start_time, row.end_time, now_ms),
             "attempt": row.attempt,
             "restarts": row.restarts,
             "last-checkpoint": None
@@ -168,9 +168,7 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
         "jid": job.job_id,
         "name": job.name,
         "state": job.status,
-        "start-time": job.start_time,
-        "end-time": -1 if job.end_time is None else job.end_time,
-        "duration": _duration(job.start_time, job.end_time, now_ms),
+        **job_times(job.start_time, job.end_time, now_ms),
         "now": now_ms,
         "attempt": job.attempt,
         "restarts": job.restarts,
@@ -214,6 +212,16 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
             "last-heartbeat": job.last_driver_heartbeat,
         },
         "guarantee": _guarantee(job.guarantee_level, job.guarantee_reason),
+    }
+
+
+def job_times(start: int, end: int | None, now_ms: int) -> dict[str, int]:
+    """A job's ``start-time``, ``end-time`` (-1 while it has not ended, as in Flink) and
+    ``duration`` (until ``now_ms`` while it has not ended; never negative)."""
+    return {
+        "start-time": start,
+        "end-time": -1 if end is None else end,
+        "duration": max(0, (now_ms if end is None else end) - start),
     }
 
 
@@ -456,10 +464,6 @@ def metrics_snapshot(session: Session) -> MetricsSnapshot:
 
 
 # ----------------------------------------------------------------------------- shared
-
-
-def _duration(start: int, end: int | None, now_ms: int) -> int:
-    return max(0, (now_ms if end is None else end) - start)
 
 
 def _task_name(operator_id: str | None, subtask: int | None) -> str | None:

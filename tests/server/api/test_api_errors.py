@@ -155,6 +155,7 @@ def test_the_openapi_document_lists_every_route(client: TestClient) -> None:
         "/healthz",
         "/metrics",
         "/jobs",
+        "/jobs/overview",
         "/jobs/{job_id}",
         "/jobs/{job_id}/metrics/throughput",
         "/jobs/{job_id}/exceptions",

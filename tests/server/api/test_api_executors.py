@@ -3,40 +3,22 @@ stored by the control plane (each database, the real Redis), served by ``GET /jo
 
 from __future__ import annotations
 
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
+from service_harness import Harness
 from sqlalchemy import create_engine, inspect
-from sqlalchemy.orm import Session, sessionmaker
 
 from sparkpoint import protocol as p
-from sparkpoint.transport import Streams, redis_client
 from sparkpoint_server.storage.db import migrate
 
 from .conftest import AppFactory
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from service_harness import REDIS_URL, Harness
 
 LOST = "worker lost: 127.0.0.1:41235 got disassociated"
 EXECUTORS = [
     p.ExecutorModel(executor_id="2", host="10.0.0.7", cores=4, active=True),
     p.ExecutorModel(executor_id="1", host="10.0.0.6", cores=4, active=False, remove_reason=LOST),
 ]
-
-
-@pytest.fixture
-def harness(tmp_path: Path, sessions: sessionmaker[Session]) -> Iterator[Harness]:
-    client = redis_client(REDIS_URL)
-    streams = Streams(prefix=f"test-{uuid.uuid4().hex[:8]}")
-    yield Harness(tmp_path, sessions, client, streams)
-    for key in client.scan_iter(f"{streams.prefix}:*"):
-        client.delete(key)
-    client.close()
 
 
 def heartbeat(h: Harness, epoch: int, executors: list[p.ExecutorModel] | None) -> None:

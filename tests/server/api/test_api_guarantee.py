@@ -6,40 +6,22 @@ answers come from the REST API on the same database.
 
 from __future__ import annotations
 
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
+from service_harness import VERTICES, Harness
 from sqlalchemy import create_engine, text
-from sqlalchemy.orm import Session, sessionmaker
 
 from sparkpoint import protocol as p
-from sparkpoint.transport import Streams, redis_client
 from sparkpoint_server.storage.db import migrate
 
 from .conftest import AppFactory
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from service_harness import REDIS_URL, VERTICES, Harness
 
 WAL_REASON = (
     "sink 'audit' writes a completed checkpoint's records from a write-ahead log to a target "
     "without transactions: a failure while it writes them writes them again"
 )
-
-
-@pytest.fixture
-def harness(tmp_path: Path, sessions: sessionmaker[Session]) -> Iterator[Harness]:
-    client = redis_client(REDIS_URL)
-    streams = Streams(prefix=f"test-{uuid.uuid4().hex[:8]}")
-    yield Harness(tmp_path, sessions, client, streams)
-    for key in client.scan_iter(f"{streams.prefix}:*"):
-        client.delete(key)
-    client.close()
 
 
 def register(h: Harness, incarnation: str, guarantee: p.GuaranteeModel | None) -> None:

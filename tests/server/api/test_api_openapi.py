@@ -33,6 +33,7 @@ STATUSES = {
     ("get", "/healthz"): {"200", "503"},
     ("get", "/metrics"): {"200"},
     ("get", "/jobs"): {"200", "400"},
+    ("get", "/jobs/overview"): {"200"},
     ("get", "/jobs/{job_id}"): READ,
     ("patch", "/jobs/{job_id}"): TRIGGER,
     ("get", "/jobs/{job_id}/metrics/throughput"): READ,
@@ -251,6 +252,7 @@ def test_an_empty_object_is_a_valid_body_exactly_where_the_server_accepts_it(
         ("/jobs/job-1/checkpoints/config", "GET, HEAD, PATCH"),
         ("/jobs/job-1/checkpoints", "GET, HEAD, POST"),
         ("/jobs/job-1", "GET, HEAD, PATCH"),
+        ("/jobs/overview", "GET, HEAD"),  # not the job `overview`: no PATCH to cancel it
     ],
 )
 def test_a_wrong_method_answers_405_allowing_every_method_of_the_path(

@@ -16,27 +16,20 @@ open and, in the second test, protected.
 from __future__ import annotations
 
 import re
-import sys
 import uuid
 import zlib
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
-from sqlalchemy.orm import Session, sessionmaker
+from service_harness import Harness
 
 from sparkpoint.limits import JOB_ID_PATTERN, MAX_NAME_LENGTH
-from sparkpoint.transport import Streams, redis_client
 from sparkpoint_server.api.openapi import BEARER
 
 from .conftest import build_app
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from service_harness import REDIS_URL, Harness
 
 pytestmark = pytest.mark.slow  # minutes of generated requests: make test-slow
 
@@ -131,16 +124,6 @@ def use_real_ids(case: Any, jobs: Jobs) -> None:
 def _valid(value: Any, max_length: int) -> bool:
     """A path parameter as the schema allows it (an invalid one stays: negative testing)."""
     return isinstance(value, str) and 0 < len(value) <= max_length
-
-
-@pytest.fixture
-def harness(tmp_path: Path, sessions: sessionmaker[Session]) -> Iterator[Harness]:
-    client = redis_client(REDIS_URL)
-    streams = Streams(prefix=f"test-{uuid.uuid4().hex[:8]}")
-    yield Harness(tmp_path, sessions, client, streams)
-    for key in client.scan_iter(f"{streams.prefix}:*"):
-        client.delete(key)
-    client.close()
 
 
 @pytest.fixture
