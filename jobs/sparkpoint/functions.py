@@ -8,7 +8,6 @@ work on columns. Keyed operators run after the key-group exchange with keyed sta
 from __future__ import annotations
 
 import abc
-import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.hash_grouping import group_dictionaries, unique_strings
-from sparkpoint.records import Batch, Column, DictColumn, object_array
+from sparkpoint.key_grouping import KeyGroups, grouped, grouped_parts, narrow
+from sparkpoint.records import Batch, Column, DictColumn
 from sparkpoint.state.backend import KeyedStateBackend
 from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.table_states import add_to_many
@@ -176,92 +175,12 @@ class KeyedProcessFunction:
         return ()
 
 
-def _grouped(keys: np.ndarray | DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
-    """The distinct keys of ``keys`` (as an array and as a list; sorted, or in hash order for
-    many strings) and each record's index into them."""
-    if isinstance(keys, DictColumn):
-        return _group_codes(keys)
-    try:
-        uniq, inverse = _unique(keys)
-    except TypeError:  # an object array whose values cannot be ordered: first-seen order
-        return _group_codes(DictColumn._of(np.arange(len(keys)), keys))
-    return uniq, uniq.tolist(), inverse.reshape(-1)
-
-
-def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``numpy.unique(values, return_inverse=True)``; many strings are grouped by hash
-    (:mod:`sparkpoint.hash_grouping`), so their groups come in hash order, not sorted."""
-    found = unique_strings(values) if values.ndim == 1 else None
-    if found is not None:
-        return found
-    uniq, inverse = np.unique(values, return_inverse=True)
-    return uniq, inverse.reshape(-1)
-
-
-def _group_codes(keys: DictColumn) -> tuple[np.ndarray, list[Any], np.ndarray]:
-    """:func:`_grouped` of a dictionary-encoded column, touching only the values whose code
-    occurs (``np.bincount``). Strings and integers (equal as numpy values iff equal as keys)
-    are merged in numpy, as :func:`_unique` gives them for a plain array;
-    values of an object array that are equal as Python keys (a repeated value, or ``1`` and
-    ``1.0``) share one index through a dict, as they share one state entry."""
-    occurs = np.flatnonzero(np.bincount(keys.codes, minlength=len(keys.values)))
-    present = keys.values[occurs]
-    remap = np.zeros(len(keys.values), dtype=np.int64)
-    if present.dtype.kind in "USiu":
-        ordered, inverse = _unique(present)
-        remap[occurs] = inverse.reshape(-1)
-        return ordered, ordered.tolist(), remap[keys.codes]
-    # An object array whose values cannot be ordered keeps code order.
-    with contextlib.suppress(TypeError):
-        occurs = occurs[np.argsort(present, kind="stable")]
-    slot: dict[Any, int] = {}
-    for code, key in zip(occurs.tolist(), keys.values[occurs].tolist(), strict=True):
-        remap[code] = slot.setdefault(key, len(slot))
-    ukeys = list(slot)
-    return object_array(ukeys), ukeys, remap[keys.codes]
-
-
-def _grouped_parts(
-    parts: list[np.ndarray | DictColumn],
-) -> tuple[np.ndarray, list[Any], np.ndarray]:
-    """:func:`_grouped` of the key columns of several batches; many str keys in dictionary
-    columns are grouped where they are, without joining the columns first."""
-    columns = [part for part in parts if isinstance(part, DictColumn)]
-    if len(columns) == len(parts):
-        found = group_dictionaries([c.codes for c in columns], [c.values for c in columns])
-        if found is not None:
-            return found[0], found[0].tolist(), found[1]
-    return _grouped(_concatenated(parts))
-
-
-def _concatenated(parts: list[np.ndarray | DictColumn]) -> np.ndarray | DictColumn:
-    """The key columns of several batches as one (dictionary-encoded when all are)."""
-    if len(parts) == 1:
-        return parts[0]
-    if all(isinstance(part, DictColumn) for part in parts):
-        columns = [part for part in parts if isinstance(part, DictColumn)]
-        offsets = np.cumsum([0, *(len(c.values) for c in columns[:-1])])
-        shifted = [c.codes.astype(np.int64) + o for c, o in zip(columns, offsets, strict=True)]
-        codes = np.concatenate(shifted)
-        return DictColumn._of(codes, _joined([c.values for c in columns]))
-    return _joined([np.asarray(part) for part in parts])
-
-
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    """``np.concatenate``, through object arrays when the kinds differ (str and int keys)."""
-    if len({array.dtype.kind for array in arrays}) > 1:
-        arrays = [array.astype(object) for array in arrays]
-    return np.concatenate(arrays)
-
-
-def _narrow(indices: np.ndarray, bound: int) -> np.ndarray:
-    """Group indices in ``[0, bound)`` as uint16 when they fit, so a stable sort is O(n).
-
-    numpy's stable sort of 16-bit integers is a radix sort; of wider ones, a merge sort.
-    """
-    if bound <= 1 << 16:
-        return indices.astype(np.uint16)
-    return indices
+def _add_counts(
+    backend: KeyedStateBackend, state: str, groups: KeyGroups, per_key: np.ndarray
+) -> np.ndarray:
+    """Each distinct key's new count: ``per_key`` added to the count in state ``state``."""
+    table = backend.table(state)
+    return add_to_many(table, groups.keys, per_key, groups.distinct, groups.hashes)
 
 
 class KeyedOperator(abc.ABC):
@@ -342,11 +261,12 @@ class CountOperator(KeyedOperator):
             # nothing reads the counts in between (the snapshot follows the flush).
             self._pending.append(keys)
             return Batch.of_rows([])
-        distinct, ukeys, inverse = _grouped(keys)
-        per_key = np.bincount(inverse, minlength=len(ukeys))
-        totals = add_to_many(backend.table(self.STATE), ukeys, per_key, distinct)
+        groups = grouped(keys)
+        inverse = groups.inverse
+        per_key = np.bincount(inverse, minlength=len(groups.keys))
+        totals = _add_counts(backend, self.STATE, groups, per_key)
         # Running count of each record: base + its 1-based rank among its key's records.
-        order = np.argsort(_narrow(inverse, len(ukeys)), kind="stable")
+        order = np.argsort(narrow(inverse, len(groups.keys)), kind="stable")
         starts = np.concatenate(([0], np.cumsum(per_key)[:-1]))
         rank = np.empty(len(keys), dtype=np.int64)
         rank[order] = np.arange(len(keys)) - np.repeat(starts, per_key) + 1
@@ -357,10 +277,10 @@ class CountOperator(KeyedOperator):
         if not self._pending:
             return Batch.of_rows([])
         parts, self._pending = self._pending, []
-        ordered, ukeys, inverse = _grouped_parts(parts)
-        per_key = np.bincount(inverse, minlength=len(ukeys))
-        totals = add_to_many(backend.table(self.STATE), ukeys, per_key, ordered)
-        return Batch.of_columns(**{self.key_field: ordered, self.output: totals})
+        groups = grouped_parts(parts)
+        per_key = np.bincount(groups.inverse, minlength=len(groups.keys))
+        totals = _add_counts(backend, self.STATE, groups, per_key)
+        return Batch.of_columns(**{self.key_field: groups.distinct, self.output: totals})
 
 
 class ReduceOperator(KeyedOperator):

@@ -11,6 +11,8 @@ deterministic (the same values give the same order in every process) but not sor
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 # Fewer values than this: numpy.unique's string sort is as fast.
@@ -84,19 +86,25 @@ def hash_order(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, hashes[order]
 
 
-def _hash_groups(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The order that sorts ``hashes``, whether each sorted hash starts a group, and the
-    group of each sorted hash (groups numbered in hash order)."""
+class _HashGroups(NamedTuple):
+    order: np.ndarray  # the order that sorts the hashes
+    first: np.ndarray  # whether each sorted hash starts a group
+    groups: np.ndarray  # the group of each sorted hash (groups numbered in hash order)
+    hashes: np.ndarray  # each group's hash, ascending
+
+
+def _hash_groups(hashes: np.ndarray) -> _HashGroups:
     order, ordered = hash_order(hashes)
     first = np.empty(len(ordered), dtype=bool)
     first[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    return order, first, np.cumsum(first) - 1
+    return _HashGroups(order, first, np.cumsum(first) - 1, ordered[first])
 
 
-def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """The distinct values of a 1-d ``U`` or ``S`` array and each value's index into them
-    (``numpy.unique(values, return_inverse=True)``, in hash order instead of sorted), or None
+def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The distinct values of a 1-d ``U`` or ``S`` array, each value's index into them
+    (``numpy.unique(values, return_inverse=True)``, in hash order instead of sorted) and the
+    distinct values' hashes (:func:`string_hashes`, ascending), or None
     when the array is too short or too wide for hashing to pay off, or two of its distinct
     strings share a hash: then the caller sorts.
 
@@ -108,22 +116,23 @@ def unique_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     hashes = string_hashes(values)
     if hashes is None:
         return None
-    order, first, groups = _hash_groups(hashes)
+    order, first, groups, distinct_hashes = _hash_groups(hashes)
     inverse = np.empty(len(values), dtype=np.int64)
     inverse[order] = groups
     distinct = values[order[first]]
     if not np.array_equal(distinct[inverse], values):  # a collision: two strings, one hash
         return None
-    return distinct, inverse
+    return distinct, inverse, distinct_hashes
 
 
 def group_dictionaries(
     codes: list[np.ndarray], dictionaries: list[np.ndarray]
-) -> tuple[np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """:func:`unique_strings` of the records of several dictionary-encoded columns (record
     ``j`` of column ``c`` is ``dictionaries[c][codes[c][j]]``) without joining their
     dictionaries first: each dictionary is hashed where it is, and only the distinct values
-    are gathered. The records' indexes come in the columns' order. None when the dictionaries
+    are gathered. The records' indexes come in the columns' order, and the distinct values'
+    hashes (ascending) last. None when the dictionaries
     are not all ``U`` (or all ``S``) arrays, are too short or too wide, or on a collision.
     """
     kinds = {values.dtype.kind for values in dictionaries}
@@ -145,7 +154,7 @@ def group_dictionaries(
     )
     occurs = np.flatnonzero(np.bincount(everywhere, minlength=int(sizes.sum())))
     occurring = np.concatenate(hashes)[occurs]
-    order, first, groups = _hash_groups(occurring)
+    order, first, groups, distinct_hashes = _hash_groups(occurring)
     group_of = np.full(int(sizes.sum()), -1, dtype=np.int64)
     group_of[occurs[order]] = groups
     # The distinct values: each group's first value, taken from the dictionary that has it
@@ -174,4 +183,4 @@ def group_dictionaries(
         mine = others[cuts[column] : cuts[column + 1]]
         if not np.array_equal(values[mine - starts[column]], distinct[group_of[mine]]):
             return None
-    return distinct, group_of[everywhere]
+    return distinct, group_of[everywhere], distinct_hashes

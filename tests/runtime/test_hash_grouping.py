@@ -11,10 +11,18 @@ from sparkpoint import hash_grouping
 from sparkpoint.hash_grouping import MIN_VALUES, group_dictionaries, unique_strings
 
 
+def _own_hashes_ascending(distinct: np.ndarray, hashes: np.ndarray) -> None:
+    """The hashes handed back are each distinct value's own, in ascending order (a state
+    table indexes the keys by them without hashing again)."""
+    np.testing.assert_array_equal(hashes, hash_grouping.string_hashes(distinct))
+    assert np.all(hashes[1:] > hashes[:-1])
+
+
 def _same_groups(values: np.ndarray) -> None:
     found = unique_strings(values)
     assert found is not None
-    distinct, inverse = found
+    distinct, inverse, hashes = found
+    _own_hashes_ascending(distinct, hashes)
     expected, expected_inverse = np.unique(values, return_inverse=True)
     assert sorted(distinct.tolist()) == expected.tolist()
     assert distinct.dtype == values.dtype
@@ -76,7 +84,8 @@ def test_dictionary_columns_group_as_their_joined_records(dictionaries: list[lis
     records = np.concatenate([v[c] for v, c in zip(values, codes, strict=True)])
     found = group_dictionaries(codes, values)
     assert found is not None
-    distinct, inverse = found
+    distinct, inverse, hashes = found
+    _own_hashes_ascending(distinct, hashes)
     np.testing.assert_array_equal(distinct[inverse], records)
     assert sorted(distinct.tolist()) == np.unique(records).tolist()
 

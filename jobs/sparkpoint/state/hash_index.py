@@ -34,15 +34,20 @@ class HashIndex:
         self._slots = np.empty(0, dtype=np.int64)
         self.indexed = 0
 
-    def add(self, strings: np.ndarray) -> bool:
+    def add(self, strings: np.ndarray, hashes: np.ndarray | None = None) -> bool:
         """Index the next ``len(strings)`` slots, whose keys are ``strings`` (a ``U`` or
-        ``S`` array); False, with nothing indexed, when they are too wide to hash."""
+        ``S`` array); False, with nothing indexed, when they are too wide to hash.
+        ``hashes``: their :func:`~sparkpoint.hash_grouping.string_hashes`, in ascending
+        order (as :mod:`~sparkpoint.hash_grouping` groups keys), when known."""
         if not len(strings):
             return True
-        hashes = string_hashes(strings)
         if hashes is None:
-            return False
-        order, hashes = hash_order(hashes)
+            hashes = string_hashes(strings)
+            if hashes is None:
+                return False
+            order, hashes = hash_order(hashes)
+        else:
+            order = np.arange(len(hashes))
         at = np.searchsorted(self._hashes, hashes)
         self._hashes = np.insert(self._hashes, at, hashes)
         self._slots = np.insert(self._slots, at, order + self.indexed)
@@ -53,11 +58,18 @@ class HashIndex:
         """Whether two indexed slots have one hash (the same key twice, or a collision)."""
         return bool(np.any(self._hashes[1:] == self._hashes[:-1]))
 
-    def find(self, strings: np.ndarray, keys: list[Any], stored: np.ndarray) -> np.ndarray | None:
-        """The slot of every key of ``keys`` (``strings`` as an array), -1 for a key that no
-        indexed slot holds; None when a hash is unusable or matches a slot that ``stored``
-        (the keys by slot) says holds another key."""
-        hashes = string_hashes(strings)
+    def find(
+        self,
+        strings: np.ndarray,
+        keys: list[Any],
+        stored: np.ndarray,
+        hashes: np.ndarray | None = None,
+    ) -> np.ndarray | None:
+        """The slot of every key of ``keys`` (``strings`` as an array, ``hashes`` their
+        hashes when known), -1 for a key that no indexed slot holds; None when a hash is
+        unusable or matches a slot that ``stored`` (the keys by slot) says holds another key."""
+        if hashes is None:
+            hashes = string_hashes(strings)
         if hashes is None:
             return None
         slots = np.full(len(keys), -1, dtype=np.int64)

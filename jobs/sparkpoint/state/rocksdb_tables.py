@@ -308,7 +308,11 @@ class RocksDBStateTable:
             self.touched.update(keys)
 
     def add_many(
-        self, keys: list[Any], deltas: np.ndarray, strings: np.ndarray | None = None
+        self,
+        keys: list[Any],
+        deltas: np.ndarray,
+        strings: np.ndarray | None = None,
+        hashes: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
         ``keys`` of an ``int64`` or ``float64`` value state: one read of the batch in key
@@ -316,7 +320,8 @@ class RocksDBStateTable:
         and the writes through to RocksDB as :meth:`put_many` does, with no Python value per
         key; the new values. A sum that leaves ``int64`` is refused (naming its key) before
         anything is written. None for any other state: the caller reads and writes.
-        ``strings``: the keys as a ``U`` array, when they are str (not made again)."""
+        ``strings``: the keys as a ``U`` array, when they are str (not made again); ``hashes``
+        (their hashes, for a table that finds keys by them) are not needed here."""
         dtype = _NUMBERS.get(self.info.serializer) if self._kind == "value" else None
         if dtype is None or not keys:
             return None

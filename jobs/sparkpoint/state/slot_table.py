@@ -207,7 +207,11 @@ class SlotTable:
         self._written[slots] = True
 
     def add_many(
-        self, keys: list[Any], deltas: np.ndarray, strings: np.ndarray | None = None
+        self,
+        keys: list[Any],
+        deltas: np.ndarray,
+        strings: np.ndarray | None = None,
+        hashes: np.ndarray | None = None,
     ) -> np.ndarray:
         """Add ``deltas[i]`` to the number of ``keys[i]`` (0 when absent), for distinct
         ``keys``, with one lookup per key; the new values. A sum that leaves ``int64`` is
@@ -218,14 +222,16 @@ class SlotTable:
         :class:`~sparkpoint.state.hash_index.HashIndex` (which then finds the slots of every
         such batch, and takes in the new keys without a dict to update); a lookup of one key,
         a batch without strings, or any doubt of the index moves it back to a dict for good.
+        ``hashes``: the strings' hashes in ascending order, when the keys were grouped by them
+        (:class:`~sparkpoint.key_grouping.KeyGroups`): the index takes them as they are.
         """
         indexed = strings is not None and self._index_ready(strings, len(keys))
-        slots = self._lookup(keys, strings if indexed else None)
+        slots = self._lookup(keys, strings if indexed else None, hashes)
         new = slots < 0
         if new.any():
             slots[new] = self._new_slots(list(itertools.compress(keys, new.tolist())))
             if self._index is not None and strings is not None:
-                self._index_new(strings[new])
+                self._index_new(strings[new], None if hashes is None else hashes[new])
         present = self._present[slots]
         base = np.where(present, self._values[slots], 0)
         totals = base + deltas
@@ -351,15 +357,17 @@ class SlotTable:
         self._slot = None  # the index finds the slots now: no dict to keep up to date
         return True
 
-    def _index_new(self, strings: np.ndarray) -> None:
+    def _index_new(self, strings: np.ndarray, hashes: np.ndarray | None = None) -> None:
         """Index the slots just made for ``strings`` (the last ``len(strings)``)."""
         assert self._index is not None
-        if self._index.indexed + len(strings) != self._n or not self._index.add(strings):
+        if self._index.indexed + len(strings) != self._n or not self._index.add(strings, hashes):
             self._slots()
 
-    def _lookup(self, keys: list[Any], strings: np.ndarray | None = None) -> np.ndarray:
+    def _lookup(
+        self, keys: list[Any], strings: np.ndarray | None = None, hashes: np.ndarray | None = None
+    ) -> np.ndarray:
         if strings is not None and self._index is not None:
-            slots = self._index.find(strings, keys, self._keys)
+            slots = self._index.find(strings, keys, self._keys, hashes)
             if slots is not None:
                 return slots
         get = self._slots().get

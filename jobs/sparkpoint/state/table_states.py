@@ -180,15 +180,22 @@ class _TableMapState(_TableState, MapState):
 
 
 def add_to_many(
-    table: StateTable, keys: list[Any], deltas: np.ndarray, array: np.ndarray | None = None
+    table: StateTable,
+    keys: list[Any],
+    deltas: np.ndarray,
+    array: np.ndarray | None = None,
+    hashes: np.ndarray | None = None,
 ) -> np.ndarray:
     """Add ``deltas[i]`` to the number of ``keys[i]`` (0 where absent) for distinct ``keys``;
     the new values. A table that keeps numbers does it in one pass (``add_many``, which
     answers None for a state it cannot add to); any other reads and writes the batch.
-    ``array``: the keys as a numpy array too (a table of str keys finds them from it)."""
+    ``array``: the keys as a numpy array too (a table of str keys finds them from it);
+    ``hashes``: their hashes in ascending order, when the keys were grouped by them
+    (:class:`~sparkpoint.key_grouping.KeyGroups`)."""
     add_many = getattr(table, "add_many", None)
     strings = array if array is not None and array.dtype.kind in "US" else None
-    totals = None if add_many is None else add_many(keys, deltas, strings)
+    found = hashes if strings is not None else None
+    totals = None if add_many is None else add_many(keys, deltas, strings, found)
     if totals is not None:
         return totals
     base = np.fromiter(table.get_many(keys, 0), dtype=np.int64, count=len(keys))
