@@ -56,6 +56,8 @@ MAX_TEXT_LENGTH = 8192
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_JOB_ID_LENGTH = 64
 _JOB_ID = re.compile(JOB_ID_PATTERN)
+#: Ids the pattern allows that name a REST resource instead of a job (``GET /jobs/overview``).
+RESERVED_JOB_IDS = frozenset({"overview"})
 
 
 class InvalidJobIdError(ConfigurationError, ValueError):
@@ -68,10 +70,12 @@ def check_job_id(job_id: str) -> str:
     Raises:
         InvalidJobIdError: naming the id (shortened when long) and what is wrong with it.
     """
-    if _JOB_ID.fullmatch(job_id) is not None:
+    if _JOB_ID.fullmatch(job_id) is not None and job_id not in RESERVED_JOB_IDS:
         return job_id
     shown = repr(job_id if len(job_id) <= 80 else job_id[:80] + "...")
-    if not job_id:
+    if job_id in RESERVED_JOB_IDS:
+        problem = f"/jobs/{job_id} is a resource of the REST API, not a job; choose another id"
+    elif not job_id:
         problem = "it is empty"
     elif len(job_id) > MAX_JOB_ID_LENGTH:
         problem = f"it has {len(job_id)} characters, more than {MAX_JOB_ID_LENGTH}"

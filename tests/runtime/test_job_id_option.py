@@ -23,6 +23,11 @@ CHARACTERS = "it must start with a letter or a digit, then only letters, digits,
         ("job 1", f"'job 1': {CHARACTERS}"),
         ("j" * 65, f"'{'j' * 65}': it has 65 characters, more than 64"),
         ("", "'': it is empty"),
+        (
+            "overview",
+            "'overview': /jobs/overview is a resource of the REST API, not a job; choose "
+            "another id",
+        ),
     ],
 )
 def test_an_invalid_job_id_is_refused_naming_it(job_id: str, problem: str) -> None:

@@ -70,8 +70,7 @@ def list_jobs(
     "in the state its job's status implies: CREATED `created`, RUNNING `running`, FAILING and "
     "CANCELLING `canceling`, RESTARTING and CANCELED `canceled`, FAILED `failed`, FINISHED "
     "`finished` (`scheduled`, `deploying`, `reconciling`, `initializing` stay 0). The path is "
-    "not a job id: a job whose id is `overview` is listed here and at `GET /jobs`, but has no "
-    "`GET` or `PATCH /jobs/{job_id}`; its other routes work.",
+    "not a job id: `overview` is refused as a job id (by `--job-id` and at registration).",
     response_model=None,
     responses=answer(JobsOverview),
 )

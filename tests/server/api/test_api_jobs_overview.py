@@ -143,7 +143,8 @@ def test_the_overview_is_not_taken_for_a_job_id(
     assert (empty.status_code, empty.json()) == (200, {"jobs": []})
 
     with sessions() as s:
-        add_job(s, "overview")  # a valid job id: listed here, its other routes still answer
+        # Refused as a job id at registration; a row stored before that still lists here.
+        add_job(s, "overview")
         s.commit()
 
     assert [job["jid"] for job in client.get("/jobs/overview").json()["jobs"]] == ["overview"]
