@@ -101,10 +101,15 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
 
     ``spark_log``: a new session's Spark log goes to this file and only Spark's errors other
     than task failures to the console (``log4j2.properties``); None: Spark's own logging.
+    A local master's Python workers come from :mod:`sparkpoint.runtime.python_daemon`: the
+    workers of tasks killed with a failed epoch leave a line in ``spark_log``, not a
+    traceback on the console.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
+
+    from sparkpoint.runtime import python_daemon
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -117,6 +122,10 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
             "spark.driver.extraJavaOptions",
             f'"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}" "-Dsparkpoint.spark.log={spark_log}"',
         )
+    if master == "local" or master.startswith("local["):  # its workers write to our console
+        builder = builder.config("spark.python.daemon.module", python_daemon.__name__)
+        if spark_log is not None:
+            builder = builder.config(f"spark.executorEnv.{python_daemon.SPARK_LOG_ENV}", spark_log)
     try:
         session = (
             builder.master(master)
