@@ -74,8 +74,11 @@ def check_job_id(job_id: str) -> str:
         return job_id
     shown = repr(job_id if len(job_id) <= 80 else job_id[:80] + "...")
     if job_id in RESERVED_JOB_IDS:
-        problem = f"/jobs/{job_id} is a resource of the REST API, not a job; choose another id"
-    elif not job_id:
+        raise InvalidJobIdError(
+            f"invalid job id {shown}: /jobs/{job_id} is a resource of the REST API, not a "
+            "job; choose another id"
+        )
+    if not job_id:
         problem = "it is empty"
     elif len(job_id) > MAX_JOB_ID_LENGTH:
         problem = f"it has {len(job_id)} characters, more than {MAX_JOB_ID_LENGTH}"

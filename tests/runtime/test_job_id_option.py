@@ -23,11 +23,6 @@ CHARACTERS = "it must start with a letter or a digit, then only letters, digits,
         ("job 1", f"'job 1': {CHARACTERS}"),
         ("j" * 65, f"'{'j' * 65}': it has 65 characters, more than 64"),
         ("", "'': it is empty"),
-        (
-            "overview",
-            "'overview': /jobs/overview is a resource of the REST API, not a job; choose "
-            "another id",
-        ),
     ],
 )
 def test_an_invalid_job_id_is_refused_naming_it(job_id: str, problem: str) -> None:
@@ -35,6 +30,16 @@ def test_an_invalid_job_id_is_refused_naming_it(job_id: str, problem: str) -> No
         parse_job_options(["--standalone", f"--job-id={job_id}"])
 
     assert str(err.value) == f"--job-id: invalid job id {problem} {PATTERN}"
+
+
+def test_an_id_that_names_a_rest_resource_is_refused() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        parse_job_options(["--standalone", "--job-id=overview"])
+
+    assert str(err.value) == (
+        "--job-id: invalid job id 'overview': /jobs/overview is a resource of the REST API, "
+        "not a job; choose another id"
+    )
 
 
 @pytest.mark.parametrize("job_id", ["pv-shared-a", "pv", "a.b_c-D9", "j" * 64])
