@@ -6,7 +6,10 @@ answer, a protocol may raise anything (missing credentials, a malformed URL). So
 - every storage call runs on a thread of its own and is given up after
   ``SPARKPOINT_STORAGE_TIMEOUT`` seconds (the thread is left to end on its own); whatever it
   raises becomes a :class:`~sparkpoint_server.errors.StorageUnavailableError` naming what was
-  being done, and no storage call runs while the coordination lock is held;
+  being done, and no storage call runs while the coordination lock is held. A call takes a
+  thread that is idle (one that finished a call) or starts one, so no call ever waits behind
+  another, and one watcher thread gives up the calls past their time: starting two threads
+  per call (a worker and a timer) cost the ingest more than writing ``_metadata`` itself;
 - the control plane reads and writes only under its *storage roots*: savepoint targets,
   restore paths, the state files a restored ``_metadata`` names (a native snapshot's shared
   files too, :func:`state_paths`), and the directories a job registers with. The data
@@ -20,9 +23,13 @@ answer, a protocol may raise anything (missing credentials, a malformed URL). So
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import posixpath
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
@@ -67,11 +74,9 @@ def start(what: str, timeout_s: float, fn: Callable[..., T], *args: Any) -> Futu
         late = f"storage did not answer within {timeout_s:g} s (SPARKPOINT_STORAGE_TIMEOUT)"
         settle(error=StorageUnavailableError(f"{what}: {late}"))
 
-    timer = threading.Timer(timeout_s, expire)
-    timer.daemon = True
-    future.add_done_callback(lambda _: timer.cancel())
-    threading.Thread(target=run, name="sparkpoint-storage", daemon=True).start()
-    timer.start()
+    deadline = _DEADLINES.add(timeout_s, expire)
+    future.add_done_callback(lambda _: deadline.clear())
+    _WORKERS.submit(run)
     return future
 
 
@@ -82,6 +87,85 @@ def call(what: str, timeout_s: float, fn: Callable[..., T], *args: Any) -> T:
         StorageUnavailableError: ``fn`` raised, or did not answer within ``timeout_s``.
     """
     return start(what, timeout_s, fn, *args).result()
+
+
+class _Workers:
+    """Daemon threads for storage calls: a call goes to an idle thread, or to a new one when
+    none is idle, so a call never waits behind another (a hung one keeps its thread). A thread
+    idle for ``idle_s`` seconds ends."""
+
+    def __init__(self, idle_s: float = 60.0) -> None:
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # One permit per thread that is waiting for a call and has not been promised one.
+        self._idle = threading.Semaphore(0)
+        self._idle_s = idle_s
+
+    def submit(self, call: Callable[[], None]) -> None:
+        self._calls.put(call)
+        if not self._idle.acquire(blocking=False):
+            threading.Thread(target=self._work, name="sparkpoint-storage", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                call = self._calls.get(timeout=self._idle_s)
+            except queue.Empty:
+                if self._idle.acquire(blocking=False):
+                    return  # idle, and no call was promised to this thread
+                continue  # a call was promised: it is in the queue
+            call()
+            del call
+            self._idle.release()
+
+
+class _Deadlines:
+    """One daemon thread that runs each call's ``expire`` at its deadline, unless cleared."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, delay_s: float, expire: Callable[[], None]) -> _Deadline:
+        deadline = _Deadline(expire)
+        with self._ready:
+            at = time.monotonic() + delay_s
+            heapq.heappush(self._heap, (at, next(self._order), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="sparkpoint-storage-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][2] is deadline:
+                self._ready.notify()
+        return deadline
+
+    def _watch(self) -> None:
+        while True:
+            with self._ready:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._ready.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, deadline = heapq.heappop(self._heap)
+            expire, deadline.expire = deadline.expire, None
+            if expire is not None:
+                expire()
+
+
+class _Deadline:
+    """A call's ``expire``; cleared when the call settled (the watcher then skips it)."""
+
+    __slots__ = ("expire",)
+
+    def __init__(self, expire: Callable[[], None]) -> None:
+        self.expire: Callable[[], None] | None = expire
+
+    def clear(self) -> None:
+        self.expire = None
+
+
+_WORKERS = _Workers()
+_DEADLINES = _Deadlines()
 
 
 # ----------------------------------------------------------------------------- roots
