@@ -342,15 +342,16 @@ class EventApplier:
         ignored). One of a subtask the job does not have, or of a newer attempt, is refused:
         its row would be a subtask no acknowledgement can match, or overwrite the current
         attempt's (as for acknowledgements, ``CheckpointCoordinator.acknowledge``)."""
-        what = f"job {rt.job_id}: {env.type} of checkpoint {ev.checkpoint_id}"
-        where = f"{ev.operator_id}[{ev.subtask}]"
-        if env.attempt > rt.attempt:
+        newer = env.attempt > rt.attempt
+        if newer or ev.subtask >= rt.tasks.get(ev.operator_id, 0):
+            what = f"job {rt.job_id}: {env.type} of checkpoint {ev.checkpoint_id}"
+            where = f"{ev.operator_id}[{ev.subtask}]"
             raise RejectedEventError(
                 f"{what} by {where} carries attempt {env.attempt}, newer than the current "
                 f"attempt {rt.attempt}"
+                if newer
+                else f"{what}: unknown subtask {where} (operators: {rt.tasks})"
             )
-        if ev.subtask >= rt.tasks.get(ev.operator_id, 0):
-            raise RejectedEventError(f"{what}: unknown subtask {where} (operators: {rt.tasks})")
         return bool(ev.checkpoint_id < rt.coordinator.next_checkpoint_id)
 
     def _barrier_injected(
