@@ -9,7 +9,8 @@ of what is stored.
 
 Storage is never called under the lock (see :mod:`~sparkpoint_server.service.storage_io`):
 a completion's ``_metadata`` is written after its unit committed, on a thread of its own and
-bounded in time, and a fourth kind of unit records the outcome; restore reads happen before
+bounded in time, and a fourth kind of unit records the outcome (on the finisher thread, or on
+the ingest's after its next batch, whichever comes first); restore reads happen before
 a request or a batch takes the lock; a failover's check of the checkpoint files it may
 restore (:mod:`~sparkpoint_server.service.failover`) too, or, for a due restart, on a thread
 of its own whose end ticks again.
@@ -287,6 +288,11 @@ class ControlPlane:
                         rejected.append(RejectedEvent(m.entry_id, str(err)))
         except (OperationalError, InterfaceError) as err:  # the database is away, not the event
             raise TransientIngestError(f"database unavailable: {err}") from err
+        # The completions whose write ended meanwhile finish here, in a unit of their own, as
+        # on the finisher thread (which then finds nothing left): under a steady ingest that
+        # thread's unit waited for the interpreter lock at every statement while it held the
+        # coordination lock, and the ingest waited for it.
+        self._finish_written()
         return rejected
 
     def _read_restore_points(self, messages: list[ReceivedMessage]) -> dict[str, Any]:
