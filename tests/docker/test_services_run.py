@@ -30,9 +30,9 @@ from tests.docker.local_stack import (
     LocalService,
     start_service,
 )
-from tests.e2e.control_plane import wait_for
 from tests.server.conftest import PG_ADMIN_URL
 from tests.support.redis_server import REDIS_URL
+from tests.support.waiting import wait_for
 
 #: The control plane migrates a fresh database on the tests' PostgreSQL (DATABASE_TEST_URL).
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

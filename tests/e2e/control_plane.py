@@ -11,7 +11,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -102,15 +101,3 @@ class ServerProcess:
         return httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
         )
-
-
-def wait_for(what: str, check: Any, timeout_s: float = 120.0, every_s: float = 0.25) -> Any:
-    """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")

@@ -11,7 +11,8 @@ from typing import Any
 from sparkpoint import protocol as p
 from sparkpoint.transport import RedisEventSink, Streams, redis_client
 
-from .control_plane import REDIS_URL, ROOT, ServerProcess, wait_for
+from ..support.waiting import wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess
 
 
 def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,8 @@ import pytest
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.testing import line_counts
 
-from .control_plane import REDIS_URL, ROOT, ServerProcess, wait_for
+from ..support.waiting import wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess
 
 pytestmark = pytest.mark.spark
 

@@ -18,7 +18,8 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 from sparkpoint.transport import CommandChannel, RedisEventSink, Streams, redis_client
 
-from .control_plane import REDIS_URL, ROOT, ServerProcess, wait_for
+from ..support.waiting import wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess
 
 VERTICES = [
     p.VertexModel(id="source", name="source", parallelism=2, operators=["source"]),

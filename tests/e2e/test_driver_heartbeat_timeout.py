@@ -23,7 +23,8 @@ import pytest
 
 from sparkpoint.transport import redis_client
 
-from .control_plane import REDIS_URL, ROOT, ServerProcess, wait_for
+from ..support.waiting import wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess
 
 TIMEOUT_S = 2.0
 

@@ -25,7 +25,8 @@ import httpx
 import psutil
 import pytest
 
-from .control_plane import ROOT, free_port, wait_for
+from ..support.waiting import wait_for
+from .control_plane import ROOT, free_port
 
 pytestmark = pytest.mark.spark
 

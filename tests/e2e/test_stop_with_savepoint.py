@@ -11,7 +11,7 @@ import pytest
 from sparkpoint.testing import line_counts
 
 from ..runtime.pv_harness import expected_every_lines
-from .control_plane import wait_for
+from ..support.waiting import wait_for
 from .test_supervisor_spark import _completed, _events, _run, _start
 
 pytestmark = pytest.mark.spark

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from .control_plane import ROOT, wait_for
+from ..support.waiting import wait_for
+from .control_plane import ROOT
 
 #: A driver that appends one line per start to ``runs`` (when, and the previous driver's
 #: failure), then acts as ``ACT`` says: die by SIGKILL, lose its Spark, or finish.

@@ -21,7 +21,8 @@ import pytest
 from sparkpoint.testing import line_counts
 
 from ..runtime.pv_harness import expected_every_lines
-from .control_plane import ROOT, wait_for
+from ..support.waiting import wait_for
+from .control_plane import ROOT
 
 pytestmark = pytest.mark.spark
 

@@ -29,6 +29,7 @@ from sparkpoint.testing import FailureInjection, line_counts, uncommitted_files
 from sparkpoint.transport import COMMANDS_GROUP, FIELD, Streams
 
 from ..support.redis_server import REDIS_URL
+from ..support.waiting import wait_for
 from .pv_harness import APPS, EPOCH_RECORDS, expected_every_lines, run_pv
 from .scripted_control_plane import ScriptedControlPlane
 
@@ -309,7 +310,7 @@ def test_back_pressure_runs_no_epoch_while_nine_checkpoints_wait_for_completion(
             target=lambda: results.append(run_connected(spark, options, out, events))
         )
         job.start()
-        _wait_for(lambda: len(cp.withheld) >= 9, what="nine completed checkpoints")
+        wait_for("nine completed checkpoints", lambda: len(cp.withheld) >= 9, every_s=0.05)
         time.sleep(1.5)  # a driver without back-pressure runs several more epochs meanwhile
         assert len(cp.of_type(p.Heartbeat)) == 9
         assert cp.withheld == list(range(1, 10))
@@ -351,11 +352,3 @@ def _entry(entry_id: bytes | str) -> tuple[int, int]:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     ms, seq = text.split("-")
     return int(ms), int(seq)
-
-
-def _wait_for(condition: Any, *, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

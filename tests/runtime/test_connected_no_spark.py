@@ -29,6 +29,7 @@ from sparkpoint.signing import JOB_KEY_ENV, Signer
 from sparkpoint.transport import FIELD, Streams, send_command
 
 from ..support.redis_server import REDIS_URL
+from ..support.waiting import wait_for
 
 KEY = bytes(range(32))  # the drivers' job key (SPARKPOINT_JOB_KEY): commands are signed with it
 SIGNER = Signer(lambda _: KEY, "test-control-plane")
@@ -41,16 +42,6 @@ def _job_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _events(client: redis.Redis, streams: Streams) -> list[tuple[p.Envelope, Any]]:
     return [p.decode(f[FIELD]) for _, f in client.xrange(streams.events)]
-
-
-def _wait_for(what: str, check: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _driver(streams: Streams, tmp_path: Path) -> JobDriver:
@@ -85,11 +76,13 @@ def test_a_waiting_driver_sends_heartbeats_and_says_why_its_predecessor_ended(
     waiting = threading.Thread(target=driver.authority.prepare)
     waiting.start()  # registers, then waits for the control plane's answer
     try:
-        beats = _wait_for(
+        beats = wait_for(
             "three driver heartbeats",
             lambda: [
                 (e, ev) for e, ev in _events(client, streams) if isinstance(ev, p.DriverHeartbeat)
             ][2:],
+            20,
+            every_s=0.02,
         )
     finally:
         send_command(client, streams, options.job_id, 0, 0, p.CancelJob(), signer=SIGNER)
@@ -122,9 +115,11 @@ def test_a_signal_while_waiting_for_the_first_restore_cancels_the_job(
     driver = _driver(streams, tmp_path)
     waiting = threading.Thread(target=driver.authority.prepare)
     waiting.start()
-    _wait_for(
+    wait_for(
         "the registration",
         lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
+        20,
+        every_s=0.02,
     )
     driver.authority.request_cancel()  # what the driver's SIGTERM handler calls
     waiting.join(timeout=20)
@@ -140,9 +135,11 @@ def test_a_signal_cancels_a_running_job_at_the_next_epoch_boundary(
     driver = _driver(streams, tmp_path)
     starting = threading.Thread(target=driver.authority.prepare)
     starting.start()
-    _wait_for(
+    wait_for(
         "the registration",
         lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
+        20,
+        every_s=0.02,
     )
     send_command(
         client, streams, driver.options.job_id, 1, 0, p.RestoreJob(new_attempt=1), signer=SIGNER

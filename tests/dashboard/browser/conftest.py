@@ -22,7 +22,8 @@ import pytest
 from selenium import webdriver
 
 from sparkpoint.transport import redis_client
-from tests.e2e.control_plane import REDIS_URL, ROOT, ServerProcess, free_port, wait_for
+from tests.e2e.control_plane import REDIS_URL, ROOT, ServerProcess, free_port
+from tests.support.waiting import wait_for
 
 from .dashboard_page import DashboardPage, browser_missing, start_chrome
 

@@ -18,7 +18,8 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from sparkpoint_dashboard import ids
-from tests.e2e.control_plane import TOKEN, wait_for
+from tests.e2e.control_plane import TOKEN
+from tests.support.waiting import wait_for
 
 from .conftest import Job
 from .dashboard_page import DashboardPage, pattern_id_xpath

@@ -23,7 +23,8 @@ from sparkpoint.transport import RedisEventSink, Streams, redis_client
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.routing import job_path
 from sparkpoint_dashboard.theme import AMBER, GREY
-from tests.e2e.control_plane import REDIS_URL, ServerProcess, wait_for
+from tests.e2e.control_plane import REDIS_URL, ServerProcess
+from tests.support.waiting import wait_for
 
 from .dashboard_page import DashboardPage
 

@@ -26,7 +26,7 @@ from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.routing import checkpoint_path, job_path, jobs_path, savepoints_path
 from sparkpoint_dashboard.units import DASH
 from sparkpoint_server.storage.models import Checkpoint
-from tests.e2e.control_plane import ServerProcess, wait_for
+from tests.e2e.control_plane import ServerProcess
 from tests.server.api.builders import (
     add_checkpoint,
     add_exception,
@@ -36,6 +36,7 @@ from tests.server.api.builders import (
     add_status,
     add_subtask,
 )
+from tests.support.waiting import wait_for
 
 from .dashboard_page import WIDTH, DashboardPage
 

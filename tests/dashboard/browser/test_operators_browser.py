@@ -23,8 +23,9 @@ from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.routing import checkpoint_path, operators_path
 from sparkpoint_server.config import normalize_database_url
 from sparkpoint_server.storage.db import create_db_engine, session_factory
-from tests.e2e.control_plane import ServerProcess, wait_for
+from tests.e2e.control_plane import ServerProcess
 from tests.server.api.builders import add_checkpoint, add_job, add_subtask
+from tests.support.waiting import wait_for
 
 from .dashboard_page import DashboardPage
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 from unittest import mock
 
 import pytest
 import redis
+from tests.support.waiting import wait_for
 
 from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
@@ -256,9 +256,9 @@ def test_run_applies_events_until_stopped(client: redis.Redis, streams: Streams)
     thread.start()
     try:
         _publish(client, streams, 1, 2)
-        _wait_for("2 events ingested", lambda: stats.events_ingested == 2)
+        wait_for("2 events ingested", lambda: stats.events_ingested == 2, 10, every_s=0.01)
         _publish(client, streams, 3)
-        _wait_for("3 events ingested", lambda: stats.events_ingested == 3)
+        wait_for("3 events ingested", lambda: stats.events_ingested == 3, 10, every_s=0.01)
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -283,7 +283,7 @@ def test_run_survives_an_unreachable_redis_and_stops_when_asked(streams: Streams
     thread = threading.Thread(target=consumer.run, args=(stop,))
     thread.start()
     try:
-        _wait_for("two failed attempts", lambda: stats.redis_errors >= 2)
+        wait_for("two failed attempts", lambda: stats.redis_errors >= 2, 10, every_s=0.01)
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -310,19 +310,11 @@ def test_run_tells_when_it_reads_again_after_a_transient_failure(
     thread = threading.Thread(target=consumer.run, args=(stop,))
     thread.start()
     try:
-        _wait_for("the event applied", lambda: bool(handler.applied))
-        _wait_for("health reported", lambda: health == [False, True])
+        wait_for("the event applied", lambda: bool(handler.applied), 10, every_s=0.01)
+        wait_for("health reported", lambda: health == [False, True], 10, every_s=0.01)
     finally:
         stop.set()
         thread.join(timeout=10)
-
-
-def _wait_for(condition: str, check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting until {condition}")
-        time.sleep(0.01)
 
 
 def test_events_the_handler_rejects_are_dead_lettered_and_the_rest_of_the_batch_applied(

@@ -6,12 +6,12 @@ import os
 import signal
 import socket
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from tests.support.waiting import wait_for
 
 from sparkpoint.transport import default_redis_url, redis_client
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis, EmbeddedRedisError
@@ -23,16 +23,6 @@ def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     embedded.start()
     yield embedded
     embedded.stop()
-
-
-def _wait_for(condition: str, check: object, timeout_s: float = 20.0) -> None:
-    """Poll ``check()`` until true; fail naming ``condition`` after ``timeout_s``."""
-    assert callable(check)
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting until {condition}")
-        time.sleep(0.02)
 
 
 def test_start_writes_the_url_file_that_jobs_read(server: EmbeddedRedis, tmp_path: Path) -> None:
@@ -81,7 +71,7 @@ def test_a_killed_server_is_restarted_on_the_same_port_with_its_data(
     def restarted() -> bool:
         return server.restarts == 1 and server.pid not in (None, old_pid)
 
-    _wait_for("the supervisor restarted the server", restarted)
+    wait_for("the supervisor restarted the server", restarted, 20, every_s=0.02)
     assert client.xrange("events") == [(entry_id, {b"m": b"survives"})]
     assert server.url.endswith(f"@127.0.0.1:{server.port}/0")
 

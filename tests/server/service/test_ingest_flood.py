@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from service_harness import Harness
+from tests.support.waiting import wait_for
 
 from sparkpoint import protocol as p
 from sparkpoint.transport import FIELD, RedisEventSink
@@ -65,16 +66,6 @@ def ingest(harness: Harness) -> Iterator[IngestStats]:
     assert not thread.is_alive()
 
 
-def _wait_for(what: str, check: Any, timeout_s: float = 60.0) -> float:
-    """Poll ``check`` until it is true; returns the seconds it took."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout_s:
-            pytest.fail(f"timed out after {timeout_s} s waiting until {what}")
-        time.sleep(0.005)
-    return time.monotonic() - started
-
-
 def _status(harness: Harness, model: Any, key: Any) -> str | None:
     with harness.sessions() as session:
         row = session.get(model, key)
@@ -86,7 +77,7 @@ def test_a_live_job_completes_its_checkpoints_promptly_during_a_flood_of_junk(
     harness: Harness, ingest: IngestStats
 ) -> None:
     harness.start()  # registered and RUNNING through the events stream
-    _wait_for("the job runs", lambda: _status(harness, Job, harness.job_id) == "RUNNING")
+    wait_for("the job runs", lambda: _status(harness, Job, harness.job_id) == "RUNNING", 60, 0.005)
     completions: list[float] = []
     started = time.monotonic()
     for n in range(CHECKPOINTS):
@@ -96,14 +87,16 @@ def test_a_live_job_completes_its_checkpoints_promptly_during_a_flood_of_junk(
         ]
         _publish_junk(harness, n * JUNK_PER_CHECKPOINT, JUNK_PER_CHECKPOINT)
         harness.ack_all(1, cid)  # the job's acknowledgements, behind the junk
-        completions.append(
-            _wait_for(
-                f"checkpoint {cid} completes",
-                lambda cid=cid: _status(harness, Checkpoint, (harness.job_id, cid)) == "COMPLETED",
-            )
+        acked = time.monotonic()
+        wait_for(
+            f"checkpoint {cid} completes",
+            lambda cid=cid: _status(harness, Checkpoint, (harness.job_id, cid)) == "COMPLETED",
+            60,
+            0.005,
         )
+        completions.append(time.monotonic() - acked)
     total = CHECKPOINTS * JUNK_PER_CHECKPOINT
-    _wait_for("all junk dead-lettered", lambda: ingest.dead_letters == total)
+    wait_for("all junk dead-lettered", lambda: ingest.dead_letters == total, 60, 0.005)
     elapsed = time.monotonic() - started
     print(
         f"\n{total} junk events + {CHECKPOINTS} checkpoints in {elapsed:.2f} s "
