@@ -163,8 +163,10 @@ class StandaloneCluster:
             try:
                 if self.alive_workers() >= n:
                     return
-            except OSError:
-                pass  # the master's UI is not up yet
+            except (OSError, ValueError):
+                # The master's UI is not up yet, or answers its HTML page while it starts:
+                # JSON that does not parse (json.JSONDecodeError is a ValueError).
+                pass
             time.sleep(0.5)
         logs = "\n".join(f"{d.name}: {d.log.read_text()[-1500:]}" for d in self.daemons)
         raise RuntimeError(f"the cluster did not start {n} workers in {START_TIMEOUT_S} s\n{logs}")
