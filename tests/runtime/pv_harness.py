@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -161,6 +162,15 @@ def true_counts(events: int = EVENTS, apps: int = APPS) -> dict[str, int]:
     ids = np.concatenate([src.read(i, 0, src.total(i) or 0).column("app_id") for i in range(2)])
     uniq, counts = np.unique(ids, return_counts=True)
     return dict(zip(uniq.tolist(), counts.tolist(), strict=True))
+
+
+def latest_pv(lines: Counter[str]) -> dict[str, int]:
+    """Each app's highest committed count in the PV job's output lines (its final count)."""
+    latest: dict[str, int] = {}
+    for line in lines:
+        record = json.loads(line)
+        latest[record["app_id"]] = max(latest.get(record["app_id"], 0), record["pv"])
+    return latest
 
 
 def expected_every_lines(events: int = EVENTS) -> Counter[str]:

@@ -12,7 +12,6 @@ milliseconds); the tests of working state that moves between Python workers stay
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from .pv_harness import (
     IN_PROCESS,
     expected_every_lines,
     hidden_files,
+    latest_pv,
     run_pv,
     true_counts,
 )
@@ -170,14 +170,6 @@ def test_without_periodic_checkpoints_the_final_checkpoint_commits_everything(
     assert line_counts(out) == baseline
 
 
-def _latest_pv(lines: Counter[str]) -> dict[str, int]:
-    latest: dict[str, int] = {}
-    for line in lines:
-        record = json.loads(line)
-        latest[record["app_id"]] = max(latest.get(record["app_id"], 0), record["pv"])
-    return latest
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_emit_epoch_with_thousands_of_keys_counts_every_key_once_after_a_failure(
     tmp_path: Path, backend: tuple[str, bool]
@@ -202,7 +194,7 @@ def test_emit_epoch_with_thousands_of_keys_counts_every_key_once_after_a_failure
     assert clean.restores == [] and len(result.restores) == 1
     lines, clean_lines = line_counts(out), line_counts(clean_out)
     assert set(lines.values()) == {1}
-    assert _latest_pv(lines) == _latest_pv(clean_lines) == true_counts(events, apps)
+    assert latest_pv(lines) == latest_pv(clean_lines) == true_counts(events, apps)
     assert len(true_counts(events, apps)) > 10_000
 
 
@@ -213,5 +205,5 @@ def test_emit_epoch_ends_with_the_true_count_of_every_app_after_a_failure(
     result, out = run_pv(spark, tmp_path, "epoch-emit", emit="epoch", failure=failure)
     assert len(result.restores) == 1
     lines = line_counts(out)
-    assert _latest_pv(lines) == true_counts()
+    assert latest_pv(lines) == true_counts()
     assert len(lines) < EVENTS // 10  # a line per key and epoch, not per event

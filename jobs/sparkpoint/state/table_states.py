@@ -194,8 +194,9 @@ def add_to_many(
     (:class:`~sparkpoint.key_grouping.KeyGroups`)."""
     add_many = getattr(table, "add_many", None)
     strings = array if array is not None and array.dtype.kind in "US" else None
-    found = hashes if strings is not None else None
-    totals = None if add_many is None else add_many(keys, deltas, strings, found)
+    if strings is None:
+        hashes = None  # hashes of keys that are not strings: none a table could use
+    totals = None if add_many is None else add_many(keys, deltas, strings, hashes)
     if totals is not None:
         return totals
     base = np.fromiter(table.get_many(keys, 0), dtype=np.int64, count=len(keys))

@@ -12,10 +12,8 @@ and restores, and its committed output must equal a run that never failed.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-from collections import Counter
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ import pytest
 from sparkpoint.state import changelog
 from sparkpoint.testing import FailureInjection, line_counts
 
-from ..pv_harness import IN_PROCESS, run_pv, true_counts
+from ..pv_harness import IN_PROCESS, latest_pv, run_pv, true_counts
 
 
 class _Workers(MutableMapping[str, Any]):
@@ -62,14 +60,6 @@ class _Workers(MutableMapping[str, Any]):
 SEED = int(os.environ.get("LAGGING_SEED", "7"))
 
 
-def _latest_pv(lines: Counter[str]) -> dict[str, int]:
-    latest: dict[str, int] = {}
-    for line in lines:
-        record = json.loads(line)
-        latest[record["app_id"]] = max(latest.get(record["app_id"], 0), record["pv"])
-    return latest
-
-
 @pytest.mark.parametrize("emit", ["every", "epoch"])
 def test_workers_behind_on_a_subtask_catch_up_and_a_restore_rebuilds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emit: str
@@ -98,4 +88,4 @@ def test_workers_behind_on_a_subtask_catch_up_and_a_restore_rebuilds(
         assert lines == clean_lines
     else:  # the flushes follow the barriers: the same final counts, none committed twice
         assert set(lines.values()) == {1}
-        assert _latest_pv(lines) == _latest_pv(clean_lines) == true_counts(events, apps)
+        assert latest_pv(lines) == latest_pv(clean_lines) == true_counts(events, apps)
