@@ -8,6 +8,7 @@ work on columns. Keyed operators run after the key-group exchange with keyed sta
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ def select_keys(selector: KeySelector, batch: Batch) -> Column:
     if isinstance(selector, str):
         return batch.column(selector)
     keys = np.empty(len(batch), dtype=object)
-    keys[:] = [selector(r) for r in batch.rows]
+    keys[:] = list(map(selector, batch.iter_rows()))
     return keys
 
 
@@ -56,7 +57,7 @@ class MapOperator(StatelessOperator):
         self.fn = fn
 
     def apply(self, batch: Batch) -> Batch:
-        return Batch.of_rows(self.fn(r) for r in batch.rows)
+        return Batch.of_rows(map(self.fn, batch.iter_rows()))
 
 
 class FilterOperator(StatelessOperator):
@@ -66,10 +67,10 @@ class FilterOperator(StatelessOperator):
 
     def apply(self, batch: Batch) -> Batch:
         if batch.is_columnar:
-            rows = batch.rows
-            keep = np.fromiter((bool(self.fn(r)) for r in rows), dtype=bool, count=len(rows))
+            kept = map(bool, map(self.fn, batch.iter_rows()))
+            keep = np.fromiter(kept, dtype=bool, count=len(batch))
             return batch.take(np.flatnonzero(keep))
-        return Batch.of_rows(r for r in batch.rows if self.fn(r))
+        return Batch.of_rows(filter(self.fn, batch.rows))
 
 
 class FlatMapOperator(StatelessOperator):
@@ -78,7 +79,7 @@ class FlatMapOperator(StatelessOperator):
         self.fn = fn
 
     def apply(self, batch: Batch) -> Batch:
-        return Batch.of_rows(out for r in batch.rows for out in self.fn(r))
+        return Batch.of_rows(itertools.chain.from_iterable(map(self.fn, batch.iter_rows())))
 
 
 class MapBatchOperator(StatelessOperator):
@@ -295,11 +296,9 @@ class ReduceOperator(KeyedOperator):
 
     def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         out = []
-        rows = batch.rows
-        keys = select_keys(self.selector, batch).tolist()
+        keys = backend.each_key(select_keys(self.selector, batch))
         state = backend.get_state(self.descriptor)
-        for key, value in zip(keys, rows, strict=True):
-            backend.set_current_key(key)
+        for key, value in zip(keys, batch.iter_rows(), strict=True):
             acc = state.value()
             acc = value if acc is None else self.fn(acc, value)
             state.update(acc)
@@ -339,15 +338,14 @@ class ProcessOperator(KeyedOperator):
 
     def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         out: list[Any] = []
-        rows = batch.rows
-        keys = select_keys(self.selector, batch).tolist()
-        stamps: list[Any] = [None] * len(rows)
+        keys = backend.each_key(select_keys(self.selector, batch))
+        stamps: list[Any] = [None] * len(batch)
         if self.timestamps is not None:
             stamps = extract_timestamps(self.timestamps, batch).tolist()
-        for key, value, ts in zip(keys, rows, stamps, strict=True):
-            backend.set_current_key(key)
-            self._ctx.timestamp = ts
-            out.extend(self.fn.process_element(value, self._ctx))
+        ctx, process_element = self._ctx, self.fn.process_element
+        for _, value, ts in zip(keys, batch.iter_rows(), stamps, strict=True):
+            ctx.timestamp = ts
+            out.extend(process_element(value, ctx))
         return Batch.of_rows(out)
 
     def on_watermark(self, backend: KeyedStateBackend) -> Batch:
@@ -398,9 +396,8 @@ class CoProcessOperator(KeyedOperator):
 
     def process_input(self, input_index: int, batch: Batch, backend: KeyedStateBackend) -> Batch:
         handle = self.fn.process_element1 if input_index == 0 else self.fn.process_element2
-        keys = select_keys(self.selectors[input_index], batch).tolist()
+        keys = backend.each_key(select_keys(self.selectors[input_index], batch))
         out: list[Any] = []
-        for key, value in zip(keys, batch.rows, strict=True):
-            backend.set_current_key(key)
+        for _, value in zip(keys, batch.iter_rows(), strict=True):
             out.extend(handle(value, self._ctx))
         return Batch.of_rows(out)

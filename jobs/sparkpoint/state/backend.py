@@ -34,7 +34,7 @@ epoch changed and :meth:`KeyedStateBackend.open_version` opens one, both through
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
@@ -54,6 +54,7 @@ from sparkpoint.state.key_groups import (
     KeyGroupOutOfRangeError,
     KeyGroupRange,
     check_max_parallelism,
+    key_groups_of,
     stable_hash,
 )
 from sparkpoint.state.serializers import serializer_of
@@ -61,6 +62,7 @@ from sparkpoint.watermarks import MIN_WATERMARK
 
 if TYPE_CHECKING:
     from sparkpoint.protocol import StateHandleModel
+    from sparkpoint.records import Column
 
 
 def key_outside_range(
@@ -296,6 +298,30 @@ class KeyedStateBackend(abc.ABC):
             raise key_outside_range(key, key_group, self._key_group_range, self._max_parallelism)
         self._current_key = key
         self._current_key_group = key_group
+
+    def each_key(self, keys: Column) -> Iterator[Any]:
+        """Make each key of a batch the current key in turn (yielding it), as
+        :meth:`set_current_key` of every key in order would: the key groups of the whole batch
+        are computed at once (:func:`~sparkpoint.state.key_groups.key_groups_of`, numpy), not
+        hashed record by record. A key outside this backend's range raises when its turn
+        comes; keys that cannot be hashed as an array are set one by one."""
+        listed = keys.tolist()
+        try:
+            groups = key_groups_of(keys, self._max_parallelism).tolist()
+        except TypeError:  # a key stable_hash refuses: set_current_key names it in order
+            for key in listed:
+                self.set_current_key(key)
+                yield key
+            return
+        start, end = self._key_group_range.start, self._key_group_range.end
+        for key, key_group in zip(listed, groups, strict=True):
+            if not start <= key_group <= end:
+                raise key_outside_range(
+                    key, key_group, self._key_group_range, self._max_parallelism
+                )
+            self._current_key = key
+            self._current_key_group = key_group
+            yield key
 
     def clear_current_key(self) -> None:
         """No current key: keyed state accessed now raises :class:`NoCurrentKeyError` (a

@@ -140,7 +140,7 @@ class SlotTable:
         return iter(self.keys())
 
     def get(self, key: Any, default: Any = None) -> Any:
-        slot = self._slots().get(key)
+        slot = (self._slot if self._slot is not None else self._slots()).get(key)
         if slot is None or not self._present[slot]:
             return default
         return self._values[slot].item()
@@ -152,8 +152,8 @@ class SlotTable:
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.raw_set(key, value)
-        self._written[self._slots()[key]] = True
+        slot = self.raw_set(key, value)  # first: a new slot may grow the arrays
+        self._written[slot] = True
 
     def __delitem__(self, key: Any) -> None:
         if self.pop(key, _MISSING) is _MISSING:
@@ -248,16 +248,17 @@ class SlotTable:
 
     # ------------------------------------------------------------------------- the backend's
 
-    def raw_set(self, key: Any, value: Any) -> None:
-        """Set one value without counting it as a change (a restore)."""
+    def raw_set(self, key: Any, value: Any) -> int:
+        """Set one value without counting it as a change (a restore); its slot."""
         number = self._checked(key, value)
-        slot = self._slots().get(key)
+        slot = (self._slot if self._slot is not None else self._slots()).get(key)
         if slot is None:
-            slot = self._new_slots([key])[0]
+            slot = int(self._new_slots([key])[0])
         if not self._present[slot]:
             self._present[slot] = True
             self._len += 1
         self._values[slot] = number
+        return slot
 
     def raw_pop(self, key: Any) -> None:
         """Remove one key without counting it as a change (a restore)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.state.backend import NO_KEY
 from sparkpoint.state.descriptors import (
     ListState,
     ListStateDescriptor,
@@ -77,12 +78,19 @@ class _TableValueState(_TableState, ValueState):
         super().__init__(backend, descriptor.name, table)
         self._descriptor = descriptor
 
+    # value() and update() run once or twice per record of a KeyedProcessFunction: they
+    # read the current key as an attribute, and call _key only to raise when there is none.
     def value(self) -> Any:
-        value = self._table.get(self._backend._key(self._name), _MISSING)
+        key = self._backend._current_key
+        if key is NO_KEY:
+            key = self._backend._key(self._name)
+        value = self._table.get(key, _MISSING)
         return self._descriptor.default_value() if value is _MISSING else value
 
     def update(self, value: Any) -> None:
-        key = self._backend._key(self._name)
+        key = self._backend._current_key
+        if key is NO_KEY:
+            key = self._backend._key(self._name)
         if value is None:
             self._table.pop(key, None)
         else:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.records import DictColumn, object_array
 from sparkpoint.state.backend import DELETED, KeyedStateBackend
 from sparkpoint.state.descriptors import (
     ListStateDescriptor,
@@ -170,6 +172,43 @@ def test_key_outside_the_backend_range_is_refused(backends: Backends) -> None:
 def test_precomputed_key_group(backend: KeyedStateBackend) -> None:
     backend.set_current_key("a", key_group=55)
     assert backend.current_key_group == 55
+
+
+def test_each_key_makes_every_key_of_a_batch_current_in_turn(backend: KeyedStateBackend) -> None:
+    """The per-record operators' key switching: as set_current_key of each key, for every
+    kind of key and column (a str array, a dictionary-encoded one, objects)."""
+    count = backend.get_state(COUNT)
+    columns = [
+        np.array(["a", "b", "a", "c"]),
+        DictColumn(np.array([1, 0, 1, 1], dtype=np.int32), np.array(["x", "y"])),
+        np.arange(-3, 3),
+        object_array(KEYS),
+    ]
+    for column in columns:
+        seen = []
+        for key in backend.each_key(column):
+            seen.append((key, backend.current_key, backend.current_key_group))
+            count.update(count.value() + 1)
+        assert seen == [(k, k, key_group_for(k, 128)) for k in column.tolist()]
+    assert table_of(backend, "count")["a"] == 2 and table_of(backend, "count")["y"] == 3
+
+
+def test_each_key_refuses_a_key_when_its_turn_comes(backends: Backends) -> None:
+    """A key outside the range, or one that has no stable hash, raises what set_current_key
+    raises, after the keys before it were made current (and stays the last good key)."""
+    backend = backends.create(KeyGroupRange(0, 42))
+    seen = []
+    with pytest.raises(KeyGroupOutOfRangeError) as info:
+        seen.extend(backend.each_key(np.array(["c", "c", "a", "c"])))  # a: key group 55
+    assert seen == ["c", "c"] and backend.current_key == "c"
+    assert str(info.value) == (
+        "key 'a' is in key group 55, outside the key group range [0, 42] of this state backend "
+        "(max_parallelism 128)"
+    )
+    seen.clear()
+    with pytest.raises(TypeError, match="cannot compute a stable hash of a key of type"):
+        seen.extend(backend.each_key(object_array(["c", {"not": "hashable"}])))
+    assert seen == ["c"]
 
 
 def test_state_name_with_another_kind_is_refused(backend: KeyedStateBackend) -> None:
