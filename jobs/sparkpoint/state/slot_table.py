@@ -141,9 +141,9 @@ class SlotTable:
 
     def get(self, key: Any, default: Any = None) -> Any:
         slot = (self._slot if self._slot is not None else self._slots()).get(key)
-        if slot is None or not self._present[slot]:
+        if slot is None or not self._present.item(slot):
             return default
-        return self._values[slot].item()
+        return self._values.item(slot)
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
@@ -254,7 +254,7 @@ class SlotTable:
         slot = (self._slot if self._slot is not None else self._slots()).get(key)
         if slot is None:
             slot = int(self._new_slots([key])[0])
-        if not self._present[slot]:
+        if not self._present.item(slot):
             self._present[slot] = True
             self._len += 1
         self._values[slot] = number
@@ -439,6 +439,8 @@ class SlotTable:
 
     def _checked(self, key: Any, value: Any) -> Any:
         """``value`` if this table can hold it, else the error naming the state and key."""
+        if type(value) is int and _INT64[0] <= value <= _INT64[1]:  # a record's usual case
+            return value
         if self._dtype.kind == "i":
             ok = isinstance(value, (int, np.integer)) and _INT64[0] <= value <= _INT64[1]
         else:
