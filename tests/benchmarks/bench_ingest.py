@@ -5,9 +5,11 @@ The stream is filled first with the events that running jobs send for each check
 heartbeats), for checkpoints the control plane triggered; then the real ingest path drains
 it: ``EventConsumer`` (XREADGROUP, decode, dead letters) → ``ControlPlane.handle_batch`` (one
 transaction per batch: coordinator, completions with ``_metadata`` files, rows) → XACK.
-Batch sizes are compared within one run, on SQLite (the default) and on PostgreSQL.
+Batch sizes are compared within one run, on SQLite (the default) and on PostgreSQL. With
+``--signed`` the events are signed as a job signs them and the consumer verifies them, as the
+server's ingest does (``sparkpoint.signing``; every sender's sequence numbers are checked).
 
-    .venv/bin/python tests/benchmarks/bench_ingest.py [--jobs 10] [--checkpoints 100]
+    .venv/bin/python tests/benchmarks/bench_ingest.py [--jobs 10] [--checkpoints 100] [--signed]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlalchemy import create_engine, func, select, text
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
+from sparkpoint.signing import Signer
 from sparkpoint.transport import RedisEventSink, Streams, redis_client
 from sparkpoint_server.app import GC_THRESHOLDS
 from sparkpoint_server.config import load_settings, normalize_database_url
@@ -138,6 +141,7 @@ def run_once(
     batch: int,
     base: str,
     parallelism: int = 4,
+    signed: bool = False,
 ) -> dict[str, float]:
     """Register jobs, trigger their checkpoints, fill the stream, then time the drain."""
     migrate(database_url)
@@ -148,9 +152,17 @@ def run_once(
     settings = load_settings(data_dir=os.path.join(base, "data"))
     stats = IngestStats()
     plane = ControlPlane(settings, sessions, client, streams=streams, stats=stats)
-    consumer = EventConsumer(client, plane.handle_batch, stats, streams=streams, batch_size=batch)
+    consumer = EventConsumer(
+        client,
+        plane.handle_batch,
+        stats,
+        streams=streams,
+        batch_size=batch,
+        verifier=plane.verify_event if signed else None,
+    )
     consumer.ensure_group()
-    sink = RedisEventSink(client, streams)
+    signer = Signer(plane.key_of, f"bench-{uuid.uuid4().hex[:8]}") if signed else None
+    sink = RedisEventSink(client, streams, signer=signer)
     ids = [f"bench-{uuid.uuid4().hex[:10]}" for _ in range(jobs)]
     config = {
         "interval_ms": 0,
@@ -231,7 +243,14 @@ def measure_in_process(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-ingest-") as base:
         url = args.database or f"sqlite:///{base}/ingest.db"
         result = run_once(
-            url, args.redis_url, args.jobs, args.checkpoints, args.batch, base, args.parallelism
+            url,
+            args.redis_url,
+            args.jobs,
+            args.checkpoints,
+            args.batch,
+            base,
+            args.parallelism,
+            args.signed,
         )
     print(json.dumps(result))
     return 0
@@ -248,6 +267,9 @@ def main() -> int:
     parser.add_argument(
         "--postgres",
         default=os.environ.get("DATABASE_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    )
+    parser.add_argument(
+        "--signed", action="store_true", help="sign the events and verify them (as the server)"
     )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database", help=argparse.SUPPRESS)
@@ -283,6 +305,7 @@ def main() -> int:
                         str(parallelism),
                         "--redis-url",
                         args.redis_url,
+                        *(["--signed"] if args.signed else []),
                     ]
                     pg_name = f"sparkpoint_bench_{uuid.uuid4().hex[:8]}"
                     if db == "postgresql":
@@ -323,7 +346,13 @@ def main() -> int:
             "checkpoint: n barriers injected, n x n received, n alignments, 2n "
             "acknowledgements, n sink commits, one heartbeat (37 events for n = 4, 337 for "
             "n = 16); every checkpoint completes (`_metadata` written, rows, notification, "
-            "retention deletes the subsumed one's files). Each run in a fresh process "
+            "retention deletes the subsumed one's files). "
+            + (
+                "Events signed by the jobs and verified by the ingest, as in the server. "
+                if args.signed
+                else "Events unsigned and not verified (the server verifies them: --signed). "
+            )
+            + "Each run in a fresh process "
             f"(GC as the server sets it), {args.repeats} runs each, interleaved.",
             "",
             *rows,
