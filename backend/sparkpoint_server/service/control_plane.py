@@ -18,6 +18,7 @@ of its own whose end ticks again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -34,11 +35,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
+from sparkpoint.signing import Signer, job_key, load_or_create_secret
 from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import JobRuntime
 from sparkpoint_server.errors import ConflictError, JobNotFoundError, StorageUnavailableError
+from sparkpoint_server.ingest.authenticity import verify_event
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
 from sparkpoint_server.service import completions, senders, storage_io
 from sparkpoint_server.service import decisions as d
@@ -90,8 +92,10 @@ class ControlPlane:
         self.disposer = Disposer(self.storage_timeout_s)
         # Every event is verified with its job's key and every command signed with it
         # (sparkpoint.signing); the secret they derive from stays in the data directory.
+        # A job's key is derived once (two HMACs), not for every event verified and command
+        # signed; an event of an unknown job id has it derived too, hence a bounded cache.
         secret = load_or_create_secret(settings.data_dir)
-        self.key_of = lambda job_id: job_key(secret, job_id)
+        self.key_of = functools.lru_cache(maxsize=4096)(lambda job_id: job_key(secret, job_id))
         self.signer = Signer(self.key_of, f"cp-{uuid.uuid4().hex}")
         # Completions whose ``_metadata`` is written finish here, one unit at a time.
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkpoint-finish")
@@ -257,7 +261,7 @@ class ControlPlane:
 
     def verify_event(self, envelope: p.Envelope) -> str | None:
         """The ingest's check of an event's signature: why it is forged, or None."""
-        return verify(self.key_of(envelope.job_id), envelope)
+        return verify_event(self.key_of(envelope.job_id), envelope)
 
     def handle_batch(self, messages: list[ReceivedMessage]) -> list[RejectedEvent]:
         """The ingest handler: apply a batch of events in one transaction, except replayed
