@@ -144,6 +144,9 @@ class JobRuntime:
     # The check of a due restart's checkpoint files, running outside the lock
     # (``service.failover.FailoverCheck``); None: none runs.
     failover_check: Any = None
+    # (graph, its tasks): every barrier and alignment event checks its subtask against them,
+    # and building them again per event was a dict per event.
+    _tasks: tuple[dict[str, Any], dict[str, int]] | None = field(default=None, repr=False)
 
     @property
     def attempt(self) -> int:
@@ -155,7 +158,10 @@ class JobRuntime:
 
     @property
     def tasks(self) -> dict[str, int]:
-        return tasks_of(self.graph)
+        """Operator uid -> parallelism (built once per graph; do not change it)."""
+        if self._tasks is None or self._tasks[0] is not self.graph:
+            self._tasks = (self.graph, tasks_of(self.graph))
+        return self._tasks[1]
 
     def can_become(self, status: JobStatus) -> bool:
         return status == self.status or status in TRANSITIONS[self.status]
