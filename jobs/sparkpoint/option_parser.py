@@ -235,6 +235,14 @@ def product_parser() -> argparse.ArgumentParser:
         help="upper bound of the records an epoch reads",
     )
     spark.add_argument(
+        "--alignment-buffer",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="records a keyed subtask holds back while aligning a barrier, in memory up to "
+        "this many bytes, past it in a file of --local-dir (default 64 MiB; 0: all to disk)",
+    )
+    spark.add_argument(
         "--events-log",
         metavar="FILE",
         help="standalone: append the job's events (checkpoints, failures) as JSON lines",

@@ -57,6 +57,7 @@ class JobOptions:
     epoch_target_ms: float = 1000.0
     max_epoch_records: int = 4_000_000
     min_epoch_records: int = 1_000
+    alignment_buffer_bytes: int = 64 << 20  # held in memory per keyed subtask, then spilled
     events_log: str | None = None
     max_events_in_memory: int | None = 1_000_000  # the driver's own event history
     restart_strategy: dict[str, str] = field(default_factory=dict)
@@ -154,6 +155,10 @@ def parse_job_options(
         )
     if ns.log_every < 1:
         raise ConfigurationError(f"--log-every must be >= 1 checkpoints, got {ns.log_every}")
+    if ns.alignment_buffer < 0:
+        raise ConfigurationError(
+            f"--alignment-buffer must be >= 0 bytes, got {ns.alignment_buffer}"
+        )
     if ns.fail_after is not None and ns.fail_after < 0:
         raise ConfigurationError(f"--fail-after must be >= 0 records, got {ns.fail_after}")
     storage = ns.checkpoint_storage or ("filesystem" if ns.checkpoint_dir else "jobmanager")
@@ -195,6 +200,7 @@ def parse_job_options(
         local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), DEFAULT_LOCAL_DIR_NAME),
         epoch_target_ms=ns.epoch_target_ms,
         max_epoch_records=ns.max_epoch_records,
+        alignment_buffer_bytes=ns.alignment_buffer,
         events_log=ns.events_log,
         restart_strategy=restart,
         failover_strategy=ns.failover_strategy,

@@ -93,6 +93,7 @@ def run_pv(
     savepoint_on_finish: str | None = None,
     apps: int = APPS,
     epoch_records: int = EPOCH_RECORDS,
+    alignment_buffer: int = JobOptions.alignment_buffer_bytes,
 ) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory. ``backend`` is the state
     backend and whether its checkpoints are incremental."""
@@ -123,6 +124,7 @@ def run_pv(
         incremental=backend[1],
         allow_non_restored_state=allow_non_restored_state,
         savepoint_on_finish=savepoint_on_finish,
+        alignment_buffer_bytes=alignment_buffer,
     )
     env = StreamExecutionEnvironment(options)
     pv_count.build(

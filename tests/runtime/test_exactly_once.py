@@ -12,6 +12,7 @@ milliseconds); the tests of working state that moves between Python workers stay
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,29 @@ def test_exactly_once_after_failure(
         assert restored == failure.checkpoint_id - 1  # that checkpoint never completed
     assert result.restores == [restored]
     assert result.attempt == 2
+    assert line_counts(out) == baseline
+    assert hidden_files(out) == []
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(FailureInjection("keyed", subtask=1, records=700, at_epoch=3), id="keyed"),
+        pytest.param(FailureInjection("alignment", subtask=0, checkpoint_id=3), id="alignment"),
+    ],
+)
+def test_exactly_once_when_alignment_buffers_spill_to_disk(
+    tmp_path: Path,
+    baseline: Counter[str],
+    failure: FailureInjection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--alignment-buffer 0: everything a subtask holds back while aligning goes through its
+    spill file, and the output after a failure and a restore is still the baseline's."""
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.runtime.tasks"):
+        result, out = run_pv(IN_PROCESS, tmp_path, "spilled", failure=failure, alignment_buffer=0)
+    assert result.status is JobStatus.FINISHED and result.attempt == 2
+    assert "spilled to local disk past --alignment-buffer 0" in caplog.text
     assert line_counts(out) == baseline
     assert hidden_files(out) == []
 

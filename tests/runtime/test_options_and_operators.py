@@ -47,6 +47,7 @@ def test_product_options_and_job_arguments_are_split() -> None:
         (["--checkpoint-interval", "-1"], "--checkpoint-interval must be >= 0 seconds"),
         (["--parallelism", "0"], "--parallelism must be between 1 and --max-parallelism (128)"),
         (["--fail-after", "-3"], "--fail-after must be >= 0 records"),
+        (["--alignment-buffer", "-1"], "--alignment-buffer must be >= 0 bytes, got -1"),
         (["--checkpoint-storage", "filesystem"], "needs --checkpoint-dir URL"),
         (["--mode", "sometimes"], "invalid option"),
         (["--retained", "0"], "retained must be >= 1"),

@@ -13,7 +13,8 @@ complete here) items, as Flink's ``CheckpointBarrierHandler`` family does:
   snapshot is taken when the last channel's barrier arrives, so records read after an early
   channel's barrier are already in the snapshot's state and are processed again after a restore.
 
-Pure logic: no I/O, no threads; time comes from an injected :class:`~sparkpoint.clock.Clock`.
+Pure logic: no threads; time comes from an injected :class:`~sparkpoint.clock.Clock`, and the
+only I/O is the spill file it is given (see :mod:`~sparkpoint.checkpointing.spill`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkpoint.checkpointing.spill import Spilled, SpillFile
 from sparkpoint.clock import Clock
 from sparkpoint.errors import CheckpointError, ConfigurationError
 from sparkpoint.protocol import CheckpointingMode, CheckpointKind
@@ -71,6 +73,7 @@ class AlignmentStats:
     buffered_bytes: int
     buffered_records: int
     barrier_wall_ms: dict[int, int]  # channel -> wall ms when its barrier was read
+    spilled_bytes: int = 0  # of buffered_bytes, what went to local disk past the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ class _Alignment:
     wall_ms: dict[int, int] = field(default_factory=dict)  # channels seen, in order
     buffered_bytes: int = 0
     buffered_records: int = 0
+    spilled_bytes: int = 0
 
     @property
     def checkpoint_id(self) -> int:
@@ -139,6 +143,7 @@ class _Alignment:
             buffered_bytes=self.buffered_bytes,
             buffered_records=self.buffered_records,
             barrier_wall_ms=dict(self.wall_ms),
+            spilled_bytes=self.spilled_bytes,
         )
 
 
@@ -167,6 +172,10 @@ class BarrierHandler:
 
     At-least-once: data is always released at once and several checkpoints may be tracked at
     the same time; :class:`Aligned` comes with the last channel's barrier *n*.
+
+    ``buffer_limit``: the bytes of held elements kept in memory; past it, each further one is
+    written to ``spill`` (a :class:`~sparkpoint.checkpointing.spill.SpillFile`) and read back
+    when its turn comes, in the same order. None: no limit.
     """
 
     def __init__(
@@ -177,6 +186,8 @@ class BarrierHandler:
         *,
         size_of: Callable[[object], int] = default_size_of,
         count_of: Callable[[Any], int] = len,
+        buffer_limit: int | None = None,
+        spill: SpillFile | None = None,
     ) -> None:
         if num_channels < 1:
             raise ConfigurationError(f"a barrier handler needs >= 1 channel, got {num_channels}")
@@ -191,6 +202,9 @@ class BarrierHandler:
         self._buffer: deque[tuple[int, object]] = deque()
         self._buffered_records = 0
         self._ignored = 0
+        self._buffer_limit = buffer_limit if spill is not None else None
+        self._spill = spill
+        self._in_memory = 0  # bytes of the buffer's elements held in memory
 
     @property
     def pending_checkpoint_id(self) -> int | None:
@@ -219,6 +233,9 @@ class BarrierHandler:
         work: deque[tuple[int, object]] = deque([(channel, element)])
         while work:
             ch, item = work.popleft()
+            if isinstance(item, Spilled):
+                assert self._spill is not None
+                item = self._spill.take(item)
             if ch in self._blocked:
                 self._hold(ch, item)
             elif isinstance(item, CheckpointBarrier):
@@ -245,14 +262,23 @@ class BarrierHandler:
     # ------------------------------------------------------------------------- internals
 
     def _hold(self, channel: int, item: object) -> None:
-        self._buffer.append((channel, item))
         if isinstance(item, CheckpointBarrier):
+            self._buffer.append((channel, item))
             return
         records = self._count_of(item)
+        size = self._size_of(item)
         self._buffered_records += records
         alignment = self._alignments[0]
         alignment.buffered_records += records
-        alignment.buffered_bytes += self._size_of(item)
+        alignment.buffered_bytes += size
+        limit = self._buffer_limit
+        if limit is not None and self._in_memory + size > limit:
+            assert self._spill is not None
+            self._buffer.append((channel, self._spill.put(item)))
+            alignment.spilled_bytes += size
+            return
+        self._in_memory += size
+        self._buffer.append((channel, item))
 
     def _on_barrier(
         self,
@@ -296,3 +322,4 @@ class BarrierHandler:
         work.extendleft(reversed(self._buffer))
         self._buffer.clear()
         self._buffered_records = 0
+        self._in_memory = 0

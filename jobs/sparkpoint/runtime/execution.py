@@ -179,6 +179,7 @@ class JobExecution:
             isolate_workers=self.options.isolate_workers,
             state_backend=self.options.state_backend,
             incremental=self.options.incremental,
+            alignment_buffer_bytes=self.options.alignment_buffer_bytes,
             vertex_attempts=dict(self.vertex_attempts),
         )
         started = self.clock.monotonic_ms()

@@ -100,6 +100,7 @@ class EpochPlan:
     state_backend: str = "hashmap"  # which keyed state backend the keyed subtasks use
     incremental: bool = False  # native snapshots upload only new files (rocksdb)
     chunk_records: int = 262_144
+    alignment_buffer_bytes: int | None = None  # in memory per keyed subtask; None: no limit
     failure: FailureInjection | None = None
     # vertex uid -> the attempt its subtasks run in, for the vertices of regions that a region
     # failover left running (their transactions and working state keep their attempt); any

@@ -13,6 +13,8 @@ every subtask of the next stage, which aligns them again across its inputs.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ import numpy as np
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import Aborted, Aligned, BarrierHandler, CheckpointBarrier
+from sparkpoint.checkpointing.spill import SpillFile
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.connectors.sinks import SinkWriter, WriterContext
 from sparkpoint.errors import InjectedFailure
@@ -43,6 +46,8 @@ from sparkpoint.watermarks import (
     Watermark,
     WatermarkValve,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,10 @@ def run_keyed_task(
     valve = WatermarkValve(backend.channel_watermarks, channels)
     backend.current_watermark = valve.current
     op.open(backend)
-    handler = BarrierHandler(channels, plan.mode, clock)
+    spill = SpillFile(os.path.join(plan.local_dir, plan.job_id, "alignment"))
+    handler = BarrierHandler(
+        channels, plan.mode, clock, buffer_limit=plan.alignment_buffer_bytes, spill=spill
+    )
     first = uid == graph.keyed_vertices[0].uid
     fail_records = plan.injects("keyed", subtask, uid, first)
     fail_alignment = plan.injects("alignment", subtask, uid, first)
@@ -366,6 +374,17 @@ def run_keyed_task(
                         buffered_records=stats.buffered_records,
                     )
                 )
+                if stats.spilled_bytes:
+                    log.warning(
+                        "%s[%d]: aligning checkpoint %d held back %d bytes, %d of them "
+                        "spilled to local disk past --alignment-buffer %d",
+                        uid,
+                        subtask,
+                        stats.checkpoint_id,
+                        stats.buffered_bytes,
+                        stats.spilled_bytes,
+                        plan.alignment_buffer_bytes,
+                    )
                 yield from emit(op.flush_updates(backend))
                 checkpointer.on_barrier(out.barrier, stats)
                 yield from outputs.broadcast(out.barrier)
@@ -388,6 +407,7 @@ def run_keyed_task(
                 f"{fail_alignment.checkpoint_id}"
             )
     handler.end_of_input()
+    spill.close()
     # Step 3
     yield from emit(op.flush_updates(backend))
     report.late_records_dropped = op.late_records_dropped
