@@ -126,8 +126,10 @@ def test_the_keyed_vertex_aligns_the_channels_of_both_inputs(tmp_path: Path) -> 
     assert channels == {0, 1, 2, 3, 4}
     for t in (0, 1):
         report = by_task["per-user", t]
-        got = {e.channel for e in report.events if isinstance(e, BarrierReceived)}
-        assert got == {0, 1, 2, 3, 4}
+        # One barrier_received per input (the first of its channels to deliver the barrier:
+        # the local runner hands them over in order), one alignment over all five channels.
+        got = [e.channel for e in report.events if isinstance(e, BarrierReceived)]
+        assert got == [0, 2]
         assert [type(e) for e in report.events].count(AlignmentCompleted) == 1
     positions = {
         k: v

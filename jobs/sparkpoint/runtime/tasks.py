@@ -72,6 +72,17 @@ def _sink_writers(
     return writers
 
 
+def _first_of_input(received: set[tuple[int, int]], checkpoint_id: int, input_index: int) -> bool:
+    """Whether this is the first barrier of ``checkpoint_id`` from input ``input_index``: a
+    subtask reports one ``barrier_received`` per checkpoint and input (when its alignment
+    began there), not one per channel, so a checkpoint's events grow with the parallelism,
+    not with its square; the alignment's duration covers the other channels."""
+    if (checkpoint_id, input_index) in received:
+        return False
+    received.add((checkpoint_id, input_index))
+    return True
+
+
 def _close_epoch(state: Any, sinks: dict[str, SinkWriter]) -> None:
     """Keep every sink's open transaction for the next epoch."""
     state.open_txns = {uid: writer.close_epoch() for uid, writer in sinks.items()}
@@ -332,10 +343,12 @@ def run_keyed_task(
 
     starts = [graph.channel_offset(keyed, i) for i in keyed.inputs]
 
+    def input_of(channel: int) -> int:
+        return sum(1 for s in starts if s <= channel) - 1
+
     def process(channel: int, batch: Batch) -> Iterator[Any]:
         report.records_in += len(batch)
-        input_index = sum(1 for s in starts if s <= channel) - 1
-        yield from emit(op.process_input(input_index, batch, backend))
+        yield from emit(op.process_input(input_of(channel), batch, backend))
         if (
             fail_records is not None
             and plan.epoch >= fail_records.at_epoch
@@ -347,11 +360,14 @@ def run_keyed_task(
             )
 
     # Step 2
+    received: set[tuple[int, int]] = set()  # (checkpoint, input) whose first barrier came
     for _target, (channel, payload) in elements:
         if isinstance(payload, TaskReport):
             forwarded.append(payload)
             continue
-        if isinstance(payload, CheckpointBarrier):
+        if isinstance(payload, CheckpointBarrier) and _first_of_input(
+            received, payload.checkpoint_id, input_of(channel)
+        ):
             report.events.append(
                 p.BarrierReceived(
                     checkpoint_id=payload.checkpoint_id,
