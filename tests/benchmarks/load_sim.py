@@ -6,10 +6,10 @@ two vertices (``source`` and ``pv -> sink``, parallelism n each), obeys the ``re
 starts attempt 1 (``job_restored``, then ``RUNNING``), and answers every checkpoint the control
 plane triggers: n ``barrier_injected`` at once, then, after ``ack_delay_ms``, 2n
 ``snapshot_completed`` (inline state handles, source positions, sink transactions) and, with
-``full_events``, the n x n ``barrier_received`` and n ``alignment_completed`` of a keyed
-shuffle; on ``checkpoint_complete`` its sinks commit (n ``sink_committed``). It sends a metrics
-``heartbeat`` every second (one per epoch) and a ``driver_heartbeat`` every
-``heartbeat_interval_ms``.
+``full_events``, the n ``barrier_received`` (one per keyed subtask: its input's first) and n
+``alignment_completed`` of a keyed shuffle; on ``checkpoint_complete`` its sinks commit (n
+``sink_committed``). It sends a metrics ``heartbeat`` every second (one per epoch) and a
+``driver_heartbeat`` every ``heartbeat_interval_ms``.
 
 One :class:`Simulator` drives all of them from one loop: one ``XREADGROUP`` over every
 command stream, then one pipeline with every event due (``XADD``), the commands' ``XACK`` and,
@@ -107,12 +107,11 @@ class SimulatedJob:
     def alignment(self, cid: int, ts: int) -> list[Any]:
         out: list[Any] = []
         for i in range(self.parallelism):
-            out += [
+            out.append(
                 p.BarrierReceived(
-                    checkpoint_id=cid, operator_id="pv", subtask=i, channel=c, timestamp=ts
+                    checkpoint_id=cid, operator_id="pv", subtask=i, channel=0, timestamp=ts
                 )
-                for c in range(self.parallelism)
-            ]
+            )
             out.append(
                 p.AlignmentCompleted(
                     checkpoint_id=cid,
