@@ -8,6 +8,7 @@ work on columns. Keyed operators run after the key-group exchange with keyed sta
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,6 +26,24 @@ from sparkpoint.timers import InternalTimerService, TimerService
 from sparkpoint.watermarks import TimestampSelector, extract_timestamps
 
 KeySelector = str | Callable[[Any], Any]
+
+
+#: The column of a partial count (:meth:`CountOperator.partial`): the records each row stands
+#: for.
+WEIGHT = "__sparkpoint_weight__"
+# A batch is counted before the exchange when it has this many records and its keys repeat
+# this many times on average (judged from up to _PARTIAL_SAMPLE keys when not a dictionary).
+_PARTIAL_MIN_RECORDS = 256
+_PARTIAL_MIN_REPEATS = 4
+_PARTIAL_SAMPLE = 1024
+
+
+def records_of(element: Any) -> int:
+    """The records an exchanged element stands for: the sum of a partial count's weights,
+    else its length (a watermark's is 0)."""
+    if isinstance(element, Batch) and element.is_columnar and WEIGHT in element.columns:
+        return int(np.asarray(element.column(WEIGHT)).sum())
+    return len(element)
 
 
 def select_keys(selector: KeySelector, batch: Batch) -> Column:
@@ -209,6 +228,13 @@ class KeyedOperator(abc.ABC):
         """Process a batch of input ``input_index`` (a union's inputs are alike)."""
         return self.process(batch, backend)
 
+    def partial(self, batch: Batch) -> Batch | None:
+        """What the sending task may ship instead of ``batch`` (map-side partial aggregation,
+        before the key-group exchange), or None to ship the records. A sending task calls it
+        on the records between two barriers at most, so a partial never merges what
+        precedes a barrier with what follows it."""
+        return None
+
     def take_side_outputs(self) -> dict[str, Batch]:
         """Records emitted to side outputs since the last call, by tag name."""
         ctx = getattr(self, "_ctx", None)
@@ -251,17 +277,47 @@ class CountOperator(KeyedOperator):
         serializer = "pickle" if restored and restored.serializer == "pickle" else "int64"
         backend.get_state(ValueStateDescriptor(self.STATE, 0, serializer=serializer))
         self._pending: list[np.ndarray | DictColumn] = []  # key columns not yet counted
+        self._weights: list[np.ndarray | None] = []  # their partial counts (None: 1 each)
+
+    def partial(self, batch: Batch) -> Batch | None:
+        """With ``emit="epoch"`` (no output per record), a batch whose keys repeat becomes
+        one record per distinct key and its count (:data:`WEIGHT`): the exchange carries
+        and the keyed subtask counts a fraction of the records. Keys that barely repeat
+        (judged from the dictionary's size, or a sample) are shipped as they are."""
+        if self.emit != "epoch" or not isinstance(self.selector, str) or not batch.is_columnar:
+            return None
+        if WEIGHT in batch.columns or len(batch) < _PARTIAL_MIN_RECORDS:
+            return None
+        keys = batch.column(self.selector)
+        if isinstance(keys, DictColumn):
+            if len(keys.values) * _PARTIAL_MIN_REPEATS > len(keys):
+                return None
+        else:
+            sample = keys[:: max(1, len(keys) // _PARTIAL_SAMPLE)].tolist()
+            with contextlib.suppress(TypeError):  # unhashable keys: decided by the grouping
+                if len(set(sample)) * _PARTIAL_MIN_REPEATS > len(sample):
+                    return None
+        groups = grouped(keys)
+        per_key = np.bincount(groups.inverse, minlength=len(groups.keys))
+        if len(per_key) * _PARTIAL_MIN_REPEATS > len(keys):
+            return None
+        return Batch.of_columns(**{self.selector: groups.distinct, WEIGHT: per_key})
 
     def process(self, batch: Batch, backend: KeyedStateBackend) -> Batch:
         keys = select_keys(self.selector, batch)
         if not len(keys):
             return Batch.of_rows([])
+        weights = None
+        if batch.is_columnar and WEIGHT in batch.columns:
+            weights = np.asarray(batch.column(WEIGHT), dtype=np.int64)
         if self.emit == "epoch":
             # Counted at the next flush (an aligned barrier or the epoch's end), the batches
             # since the last one together: a key costs one state access per flush, and
             # nothing reads the counts in between (the snapshot follows the flush).
             self._pending.append(keys)
+            self._weights.append(weights)
             return Batch.of_rows([])
+        assert weights is None, "a partial count reached a count that emits every record"
         groups = grouped(keys)
         inverse = groups.inverse
         per_key = np.bincount(inverse, minlength=len(groups.keys))
@@ -278,8 +334,17 @@ class CountOperator(KeyedOperator):
         if not self._pending:
             return Batch.of_rows([])
         parts, self._pending = self._pending, []
+        weights, self._weights = self._weights, []
         groups = grouped_parts(parts)
-        per_key = np.bincount(groups.inverse, minlength=len(groups.keys))
+        if all(w is None for w in weights):
+            per_key = np.bincount(groups.inverse, minlength=len(groups.keys))
+        else:  # partial counts: each row counts its weight
+            each = [
+                np.ones(len(k)) if w is None else w for k, w in zip(parts, weights, strict=True)
+            ]
+            # float64 sums of integers are exact below 2**53 records per key and flush
+            summed = np.bincount(groups.inverse, np.concatenate(each), len(groups.keys))
+            per_key = summed.astype(np.int64)
         totals = _add_counts(backend, self.STATE, groups, per_key)
         return Batch.of_columns(**{self.key_field: groups.distinct, self.output: totals})
 

@@ -27,7 +27,7 @@ from sparkpoint.checkpointing.spill import SpillFile
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.connectors.sinks import SinkWriter, WriterContext
 from sparkpoint.errors import InjectedFailure
-from sparkpoint.functions import select_keys
+from sparkpoint.functions import records_of, select_keys
 from sparkpoint.graph import JobGraph, KeyedVertex
 from sparkpoint.records import Batch
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
@@ -144,7 +144,9 @@ class _Outputs:
             if self.broadcasting:
                 yield from self.broadcast(batch)
                 return
-            for target, part in _route(batch, self.down, self.targets, self.input_index):
+            partial = self.down.operator.partial(batch)
+            shipped = batch if partial is None else partial
+            for target, part in _route(shipped, self.down, self.targets, self.input_index):
                 yield target, (self.channel, part)
 
     def side(self, outputs: dict[str, Batch]) -> None:
@@ -331,7 +333,12 @@ def run_keyed_task(
     op.open(backend)
     spill = SpillFile(os.path.join(plan.local_dir, plan.job_id, "alignment"))
     handler = BarrierHandler(
-        channels, plan.mode, clock, buffer_limit=plan.alignment_buffer_bytes, spill=spill
+        channels,
+        plan.mode,
+        clock,
+        count_of=records_of,
+        buffer_limit=plan.alignment_buffer_bytes,
+        spill=spill,
     )
     first = uid == graph.keyed_vertices[0].uid
     fail_records = plan.injects("keyed", subtask, uid, first)
@@ -347,7 +354,7 @@ def run_keyed_task(
         return sum(1 for s in starts if s <= channel) - 1
 
     def process(channel: int, batch: Batch) -> Iterator[Any]:
-        report.records_in += len(batch)
+        report.records_in += records_of(batch)
         yield from emit(op.process_input(input_of(channel), batch, backend))
         if (
             fail_records is not None
