@@ -21,7 +21,10 @@ from sparkpoint_server.storage.models import Checkpoint, Job
 JUNK_PER_CHECKPOINT = 5_000  # half malformed, half of unknown jobs
 CHECKPOINTS = 4  # 20,000 junk events in all
 COMPLETION_LIMIT_S = 2.0  # after the acknowledgements were sent, behind the junk
-JUNK_RATE_FLOOR = 5_000  # events/s; one Redis and one database transaction each: ~2,000
+# events/s. Batched, the ingest dead-letters 12-17 k junk events/s here; with one Redis and
+# one database transaction per event (what this floor catches) about 2,000. A CI run that met
+# a slow moment of the disk measured 4.9 k, so the floor sits between the two, not near 5 k.
+JUNK_RATE_FLOOR = 3_000
 MALFORMED = b'{"v": 1, "type": "heartbeat"'
 
 
