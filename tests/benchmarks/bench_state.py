@@ -67,8 +67,9 @@ from sparkpoint.protocol import StateDescriptorModel, StateHandleModel  # noqa: 
 from sparkpoint.runtime.subtask import _materialize, _SnapshotTarget  # noqa: E402
 from sparkpoint.runtime.working_state import SubtaskVersionStore  # noqa: E402
 from sparkpoint.state import backends, canonical  # noqa: E402
-from sparkpoint.state.backend import SnapshotCapture, StateInfo  # noqa: E402
+from sparkpoint.state.backend import StateInfo  # noqa: E402
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of  # noqa: E402
+from sparkpoint.state.snapshot_contracts import SnapshotCapture  # noqa: E402
 
 RESULTS = HERE / "results"
 WORK_DIR = ROOT / ".sparkpoint" / "bench-state"  # git-ignored; on the big disk

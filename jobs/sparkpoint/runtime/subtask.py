@@ -33,8 +33,13 @@ from sparkpoint.runtime.operator_states import (
 )
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.state import backends
-from sparkpoint.state.backend import KeyedStateBackend, SnapshotCapture
+from sparkpoint.state.backend import (
+    KeyedStateBackend,
+)
 from sparkpoint.state.key_groups import KeyGroupRange
+from sparkpoint.state.snapshot_contracts import (
+    SnapshotCapture,
+)
 from sparkpoint.watermarks import BoundedOutOfOrdernessWatermarks
 
 

@@ -16,9 +16,14 @@ from typing import Any, Protocol
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import StateHandleModel
-from sparkpoint.state.backend import KeyedStateBackend, VersionStore
+from sparkpoint.state.backend import (
+    KeyedStateBackend,
+)
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import KeyGroupRange
+from sparkpoint.state.snapshot_contracts import (
+    VersionStore,
+)
 
 BACKEND_NAMES = ("hashmap", "rocksdb")
 

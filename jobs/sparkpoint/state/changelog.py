@@ -32,8 +32,15 @@ from typing import Any, NamedTuple
 
 from sparkpoint.errors import CorruptSnapshotError
 from sparkpoint.state import canonical, changelog_delta
-from sparkpoint.state.backend import DELETED, KeyedStateBackend, SavedVersion, VersionStore
+from sparkpoint.state.backend import (
+    DELETED,
+    KeyedStateBackend,
+)
 from sparkpoint.state.restoring import SnapshotMerge, check_max_parallelism, register
+from sparkpoint.state.snapshot_contracts import (
+    SavedVersion,
+    VersionStore,
+)
 
 MAX_DELTAS = 32
 

@@ -41,14 +41,16 @@ from sparkpoint.state.backend import (
     DELETED,
     ChangeSet,
     KeyedStateBackend,
-    SavedVersion,
-    SnapshotCapture,
-    SnapshotTarget,
     StateInfo,
-    VersionStore,
 )
 from sparkpoint.state.key_groups import KeyGroupRange, key_groups_of, stable_hash
 from sparkpoint.state.slot_table import COLUMN_SERIALIZERS, SlotTable
+from sparkpoint.state.snapshot_contracts import (
+    SavedVersion,
+    SnapshotCapture,
+    SnapshotTarget,
+    VersionStore,
+)
 from sparkpoint.state.snapshot_format import SNAPSHOT_MAGIC, decode_snapshot
 
 __all__ = ["HashMapKeyedStateBackend", "TrackedTable"]

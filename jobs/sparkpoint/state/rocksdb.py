@@ -32,10 +32,8 @@ from sparkpoint.state import changelog
 from sparkpoint.state.backend import (
     ChangeSet,
     KeyedStateBackend,
-    SavedVersion,
     StateInfo,
     StateTable,
-    VersionStore,
 )
 from sparkpoint.state.key_groups import KeyGroupRange
 from sparkpoint.state.rocksdb_restore import Source, restore_into
@@ -70,6 +68,10 @@ from sparkpoint.state.rocksdb_versions import (
     write_upload_record,
 )
 from sparkpoint.state.serializers import decode_key
+from sparkpoint.state.snapshot_contracts import (
+    SavedVersion,
+    VersionStore,
+)
 
 __all__ = ["RocksDBKeyedStateBackend"]
 

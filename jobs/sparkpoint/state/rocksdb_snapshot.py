@@ -30,9 +30,12 @@ from rocksdict import Checkpoint, Rdict
 
 from sparkpoint.errors import CorruptSnapshotError
 from sparkpoint.state import canonical
-from sparkpoint.state.backend import SnapshotCapture, SnapshotTarget
 from sparkpoint.state.key_groups import KeyGroupRange
 from sparkpoint.state.rocksdb_store import NATIVE_FORMAT, open_db, raw_entries, read_meta
+from sparkpoint.state.snapshot_contracts import (
+    SnapshotCapture,
+    SnapshotTarget,
+)
 
 if TYPE_CHECKING:
     from sparkpoint.protocol import StateHandleModel

@@ -32,8 +32,10 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.state.rocksdb_snapshot import create_checkpoint
 
 if TYPE_CHECKING:
-    from sparkpoint.state.backend import VersionStore
     from sparkpoint.state.rocksdb import RocksDBKeyedStateBackend
+    from sparkpoint.state.snapshot_contracts import (
+        VersionStore,
+    )
 
 #: A temporary directory older than this is a dead process's leftover (in seconds).
 STALE_TEMP_SECONDS = 6 * 3600

@@ -14,13 +14,19 @@ import pytest
 
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
 from sparkpoint.state import changelog, changelog_delta
-from sparkpoint.state.backend import DELETED, SavedVersion, StateInfo
+from sparkpoint.state.backend import (
+    DELETED,
+    StateInfo,
+)
 from sparkpoint.state.descriptors import (
     ListStateDescriptor,
     NoCurrentKeyError,
 )
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import KeyGroupRange
+from sparkpoint.state.snapshot_contracts import (
+    SavedVersion,
+)
 from sparkpoint.testing import snapshot_blob
 
 from .conftest import COUNT, EVENTS, FULL, LAST_SEEN, PAYLOAD, copy_of_tables, filled_hashmap
