@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import orjson
+
 from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError
 
@@ -33,6 +35,7 @@ SECRET_FILE = "event-secret"
 JOB_KEY_ENV = "SPARKPOINT_JOB_KEY"
 DEFAULT_DATA_DIR = ".sparkpoint/server"
 _KEY_LABEL = b"sparkpoint job key\x00"
+_SIGNED_FIELDS = tuple(name for name in p.Envelope.model_fields if name != "sig")
 
 
 def canonical_bytes(envelope: p.Envelope) -> bytes:
@@ -55,12 +58,33 @@ def job_key(secret: bytes, job_id: str) -> bytes:
 
 
 def verify(key: bytes, envelope: p.Envelope) -> str | None:
-    """Why ``envelope`` is not authentic under ``key``, or None when it is."""
+    """Why ``envelope`` is not authentic under ``key``, or None when it is.
+
+    First the signature of the envelope's fields as orjson writes them (sorted keys, compact,
+    UTF-8, NaN as ``null`` as pydantic's dump writes it): the canonical bytes themselves for
+    what jobs send, in a fraction of the time (the canonical encoding is a third of a signed
+    ingest). A match means the signer signed these very field values. Anything else (a number
+    orjson writes otherwise, such as ``1e-05``; a forgery) is judged on the canonical bytes."""
     if envelope.sig is None or envelope.sender is None or envelope.seq is None:
         return "unsigned (no sig, sender or seq)"
+    if signed_as_written(key, envelope):
+        return None
     if not hmac.compare_digest(envelope.sig, signature(key, envelope)):
         return "bad signature"
     return None
+
+
+def signed_as_written(key: bytes, envelope: p.Envelope) -> bool:
+    """Whether ``envelope``'s signature is that of its fields as orjson writes them (False
+    also when it is unsigned, or orjson cannot write it: an int beyond 64 bits...)."""
+    if envelope.sig is None:
+        return False
+    fields = {name: getattr(envelope, name) for name in _SIGNED_FIELDS}
+    try:
+        raw = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return False
+    return hmac.compare_digest(envelope.sig, hmac.new(key, raw, hashlib.sha256).hexdigest())
 
 
 # ----------------------------------------------------------------------------- keys

@@ -35,12 +35,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.signing import Signer, job_key, load_or_create_secret
+from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
 from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import JobRuntime
 from sparkpoint_server.errors import ConflictError, JobNotFoundError, StorageUnavailableError
-from sparkpoint_server.ingest.authenticity import verify_event
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
 from sparkpoint_server.service import completions, senders, storage_io
 from sparkpoint_server.service import decisions as d
@@ -261,7 +260,7 @@ class ControlPlane:
 
     def verify_event(self, envelope: p.Envelope) -> str | None:
         """The ingest's check of an event's signature: why it is forged, or None."""
-        return verify_event(self.key_of(envelope.job_id), envelope)
+        return verify(self.key_of(envelope.job_id), envelope)
 
     def handle_batch(self, messages: list[ReceivedMessage]) -> list[RejectedEvent]:
         """The ingest handler: apply a batch of events in one transaction, except replayed

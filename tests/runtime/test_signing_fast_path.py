@@ -1,5 +1,6 @@
-"""The ingest's signature check gives the library's verdict (``sparkpoint.signing.verify``) on
-every envelope: authentic, forged, or written differently by orjson and json.dumps."""
+"""``sparkpoint.signing.verify`` checks a signature on orjson's bytes first: its verdict is
+always the one the canonical bytes alone give (``_canonical_verdict``), on every envelope:
+authentic, forged, or written differently by orjson and json.dumps."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkpoint import protocol as p
-from sparkpoint.signing import Signer, verify
-from sparkpoint_server.ingest.authenticity import signed_as_written, verify_event
+from sparkpoint.signing import Signer, signature, signed_as_written, verify
 
 KEY = b"k" * 32
 JOB = "job-1"
@@ -34,16 +34,23 @@ def _signed(payload: dict[str, Any], key: bytes = KEY) -> p.Envelope:
     return Signer(lambda _: key, "driver-1").sign([envelope])[0]
 
 
+def _canonical_verdict(key: bytes, envelope: p.Envelope) -> str | None:
+    """The verdict on the canonical bytes alone (what verify gave before its fast path)."""
+    if envelope.sig is None or envelope.sender is None or envelope.seq is None:
+        return "unsigned (no sig, sender or seq)"
+    return None if envelope.sig == signature(key, envelope) else "bad signature"
+
+
 def _outcome(check: Any, key: bytes, envelope: p.Envelope) -> tuple[str, str | None]:
     try:
         return "verdict", check(key, envelope)
-    except Exception as err:  # the library's own failure (a lone surrogate), whatever it is
+    except Exception as err:  # the canonical encoding fails (a lone surrogate), whatever way
         return "raised", type(err).__name__
 
 
 @settings(max_examples=400, deadline=None)
 @given(payload=st.dictionaries(st.text(), _json, max_size=6))
-def test_the_verdict_is_the_librarys_for_authentic_and_tampered_envelopes(
+def test_the_verdict_is_the_canonical_bytes_for_authentic_and_tampered_envelopes(
     payload: dict[str, Any],
 ) -> None:
     try:
@@ -51,14 +58,14 @@ def test_the_verdict_is_the_librarys_for_authentic_and_tampered_envelopes(
     except ValueError:  # a lone surrogate: no job can sign it; a copy with another's sig
         envelope = _signed({}).model_copy(update={"payload": payload})
     for key in (KEY, b"x" * 32):
-        assert _outcome(verify_event, key, envelope) == _outcome(verify, key, envelope)
+        assert _outcome(verify, key, envelope) == _outcome(_canonical_verdict, key, envelope)
     tampered = envelope.model_copy(update={"payload": {**payload, "extra": 1}})
-    assert _outcome(verify_event, KEY, tampered) == _outcome(verify, KEY, tampered)
+    assert _outcome(verify, KEY, tampered) == _outcome(_canonical_verdict, KEY, tampered)
 
 
-def test_the_events_of_a_checkpoint_verify_without_the_library() -> None:
+def test_the_events_of_a_checkpoint_verify_on_orjsons_bytes() -> None:
     """What jobs send (bounded ints, durations, texts, handles) is written by orjson as the
-    library writes it: the fast check alone finds it authentic."""
+    canonical encoding writes it: the fast check alone finds it authentic."""
     handle = p.StateHandleModel(path="file:///c/j/chk-3/state", size=4096, checksum="crc32:1")
     payloads: list[Any] = [
         p.BarrierReceived(checkpoint_id=3, operator_id="pv", subtask=1, channel=0, timestamp=9),
@@ -92,25 +99,25 @@ def test_the_events_of_a_checkpoint_verify_without_the_library() -> None:
     for payload in payloads:
         [envelope] = signer.sign([p.envelope(JOB, 1, 1_700_000_000_000, payload)])
         assert signed_as_written(KEY, envelope)
-        assert verify_event(KEY, envelope) is None
+        assert verify(KEY, envelope) is None
 
 
 def test_numbers_orjson_writes_otherwise_still_verify() -> None:
     envelope = _signed({"small": 1e-05, "tiny": 2.5e-07, "big": 1e16, "huge": 2**64})
-    assert not signed_as_written(KEY, envelope)  # the library judges it
-    assert verify_event(KEY, envelope) is None
-    assert verify_event(KEY, envelope.model_copy(update={"seq": 2})) == "bad signature"
+    assert not signed_as_written(KEY, envelope)  # the canonical bytes judge it
+    assert verify(KEY, envelope) is None
+    assert verify(KEY, envelope.model_copy(update={"seq": 2})) == "bad signature"
 
 
-def test_unsigned_envelopes_get_the_librarys_reason() -> None:
+def test_unsigned_envelopes_get_their_reason() -> None:
     envelope = _signed({"a": 1}).model_copy(update={"sig": None})
-    assert verify_event(KEY, envelope) == "unsigned (no sig, sender or seq)"
+    assert verify(KEY, envelope) == "unsigned (no sig, sender or seq)"
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
-def test_a_nan_where_the_signer_wrote_null_gets_the_librarys_verdict(literal: str) -> None:
-    """pydantic's JSON dump, which the library signs, writes a NaN as null, as orjson does."""
+def test_a_nan_where_the_signer_wrote_null_gets_the_canonical_verdict(literal: str) -> None:
+    """pydantic's JSON dump, which the signer signs, writes a NaN as null, as orjson does."""
     genuine = p.encode(_signed({"x": None}))
     tampered = genuine.replace(b'"x":null', f'"x":{literal}'.encode())
     envelope = p.Envelope.model_validate_json(tampered)  # the payload check comes after
-    assert verify_event(KEY, envelope) == verify(KEY, envelope)
+    assert verify(KEY, envelope) == _canonical_verdict(KEY, envelope)
