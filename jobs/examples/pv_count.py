@@ -33,6 +33,12 @@ def build(env: StreamExecutionEnvironment, argv: Sequence[str]) -> argparse.Name
     parser.add_argument("--apps", type=int, default=10, help="distinct app ids")
     parser.add_argument("--rate", type=float, default=10_000, help="events/s, 0 = unpaced")
     parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="events that exist when a paced job starts: it starts this far behind",
+    )
+    parser.add_argument(
         "--splits", type=int, default=2, help="source splits (with --source-redis: per stream)"
     )
     parser.add_argument("--emit", choices=["every", "epoch"], default="every")
@@ -53,7 +59,11 @@ def build(env: StreamExecutionEnvironment, argv: Sequence[str]) -> argparse.Name
         )
     else:
         source = GeneratorSource(
-            events=args.events, apps=args.apps, rate=args.rate, splits=args.splits
+            events=args.events,
+            apps=args.apps,
+            rate=args.rate,
+            splits=args.splits,
+            backlog=args.backlog,
         )
     (
         env.from_source(source, uid="events")

@@ -124,6 +124,14 @@ class GeneratorSource(Source):
     time is ``start_time_ms + g * 1000 / rate`` (1 ms apart when unpaced), so a replay after
     recovery yields exactly the same records. ``rate`` is events per second over all splits
     (0: as fast as possible). ``app_id`` comes as a :class:`~sparkpoint.records.DictColumn`.
+
+    ``backlog`` events (over all splits) exist when a paced job starts, as if the source had
+    started ``backlog / rate`` seconds earlier: the job starts that far behind. Only when
+    records become available changes; the records do not, so event ``g``'s time stays
+    ``start_time_ms + g * 1000 / rate`` (``start_time_ms`` is when the backlog began, and the
+    job starts at event time ``start_time_ms + backlog * 1000 / rate``), and a job with a
+    backlog writes what the same job without one writes. Unpaced, everything exists already
+    and ``backlog`` changes nothing.
     """
 
     events: int | None = 10_000
@@ -132,6 +140,7 @@ class GeneratorSource(Source):
     splits: int = 2
     seed: int = 0
     start_time_ms: int = 1_700_000_000_000
+    backlog: int = 0
 
     def __post_init__(self) -> None:
         if self.events is not None and self.events < 0:
@@ -142,6 +151,8 @@ class GeneratorSource(Source):
             raise ConfigurationError(f"--rate must be >= 0 events/s, got {self.rate}")
         if self.splits < 1:
             raise ConfigurationError(f"source splits must be >= 1, got {self.splits}")
+        if self.backlog < 0:
+            raise ConfigurationError(f"--backlog must be >= 0 events, got {self.backlog}")
 
     def split_ids(self) -> list[str]:
         return [f"generator-{i}" for i in range(self.splits)]
@@ -154,7 +165,7 @@ class GeneratorSource(Source):
     def available(self, split: int, elapsed_s: float) -> int | None:
         if self.rate == 0:
             return None
-        return int(self.rate * elapsed_s / self.splits)
+        return int((self.rate * elapsed_s + self.backlog) / self.splits)
 
     def read(self, split: int, start: int, end: int) -> Batch:
         g = np.arange(start, end, dtype=np.int64) * self.splits + split
