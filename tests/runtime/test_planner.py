@@ -2,8 +2,8 @@
 
 A simulated job on a :class:`~sparkpoint.clock.ManualClock`: every epoch costs a fixed
 overhead plus a cost per record, and the source produces ``RATE`` records/s on top of a
-backlog. The planner as it was (epochs sized by measured throughput alone) is computed beside
-the new one, from the same start.
+backlog (``GeneratorSource(backlog=...)``). The planner as it was (epochs sized by measured
+throughput alone) is computed beside the new one, from the same start.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime import driver
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
-from sparkpoint.runtime.planner import EpochCostModel, EpochPlanner
+from sparkpoint.runtime.planner import GROWTH, EpochCostModel, EpochPlanner
 from sparkpoint.runtime.spark import SparkEpochRunner
 from sparkpoint.testing import line_counts
 
@@ -33,17 +33,6 @@ RATE = 20_000  # events/s, as the demo job
 BACKLOG = 2_200_000  # how far behind the demo job fell
 PER_RECORD_MS = 0.02  # 50,000 records/s of processing
 TARGET_MS = 1_000.0
-
-
-@dataclass(frozen=True)
-class BehindSource(GeneratorSource):
-    """A paced generator that already has ``backlog`` records when the job starts."""
-
-    backlog: int = 0
-
-    def available(self, split: int, elapsed_s: float) -> int | None:
-        paced = super().available(split, elapsed_s)
-        return None if paced is None else paced + self.backlog // self.splits
 
 
 class ThroughputPlanner(EpochPlanner):
@@ -60,13 +49,20 @@ class Epoch:
     records: int
     duration_ms: float
     lag_after_planning: int  # the same, once the epoch's ranges are taken
+    planned_at_ms: float = 0.0  # since the planner started
 
 
 def _simulate(
-    kind: type[EpochPlanner], epochs: int, overhead_ms: float, *, rate: float = RATE
+    kind: type[EpochPlanner],
+    epochs: int,
+    overhead_ms: float,
+    *,
+    rate: float = RATE,
+    backlog: int = BACKLOG,
+    per_record_ms: float = PER_RECORD_MS,
 ) -> list[Epoch]:
     clock = ManualClock()
-    source = BehindSource(events=None, rate=rate, splits=2, backlog=BACKLOG if rate else 0)
+    source = GeneratorSource(events=None, rate=rate, splits=2, backlog=backlog if rate else 0)
     planner = kind(
         source,
         clock,
@@ -76,14 +72,15 @@ def _simulate(
         sleep=lambda s: clock.advance(s * 1000),
     )
     planner.start()
+    started = clock.monotonic_ms()
     out = []
     for _ in range(epochs):
         ranges = planner.next_ranges()
         lag = planner.lag()
         planner.advance(ranges)
         records = sum(r.records for r in ranges)
-        duration = overhead_ms + PER_RECORD_MS * records
-        out.append(Epoch(lag, records, duration, planner.lag()))
+        duration = overhead_ms + per_record_ms * records
+        out.append(Epoch(lag, records, duration, planner.lag(), clock.monotonic_ms() - started))
         clock.advance(duration)
         planner.observe(records, duration)
     return out
@@ -124,6 +121,28 @@ def test_an_idle_job_keeps_epochs_within_the_target_after_catching_up() -> None:
     settled = next(i for i, e in enumerate(new) if e.lag_after_planning == 0 and e.lag < 20_000)
     assert settled <= 8
     assert all(e.duration_ms < TARGET_MS and e.lag_after_planning == 0 for e in new[settled:])
+
+
+def test_a_job_started_two_million_events_behind_catches_up_by_growing_its_epochs() -> None:
+    """Benchmark 5's job (20 k events/s, 2 M behind) on an idle machine's costs (0.4 s an
+    epoch, a million records/s): the first epoch, before any arrival rate is known, has the
+    default size; then epochs grow by GROWTH until one reads the whole backlog, and the job
+    stays caught up: every later epoch finds less than one target duration of arrivals."""
+    epochs = _simulate(EpochPlanner, 20, 400.0, backlog=2_000_000, per_record_ms=0.001)
+    assert epochs[0].lag == 2_000_000
+    assert epochs[0].records == 200_000
+    assert epochs[1].records == GROWTH * epochs[0].records
+    whole = next(i for i, e in enumerate(epochs) if e.lag_after_planning == 0)
+    assert whole == 2
+    assert epochs[whole].records == epochs[whole].lag > GROWTH * epochs[0].records
+    one_epoch = RATE * TARGET_MS / 1000  # what a caught-up epoch reads at most
+    caught_up = next(i for i in range(len(epochs)) if all(e.lag <= one_epoch for e in epochs[i:]))
+    # The epoch that reads the rest of the backlog lasts over the target (1.4 s), so the one
+    # after it still finds more than a target's arrivals; the next is caught up.
+    assert caught_up == whole + 2
+    assert epochs[caught_up].planned_at_ms < 10_000  # benchmark 5 asks for 60 s
+    assert all(e.lag_after_planning == 0 for e in epochs[whole:])
+    assert all(e.duration_ms < TARGET_MS for e in epochs[caught_up:])
 
 
 def test_an_unpaced_source_keeps_epochs_sized_by_throughput() -> None:
@@ -187,7 +206,7 @@ def test_a_slow_job_on_spark_catches_up_with_its_paced_source(
         restart_strategy={"restart-strategy.type": "none"},
     )
     env = StreamExecutionEnvironment(options)
-    source = BehindSource(events=SPARK_EVENTS, apps=3, rate=SPARK_RATE, backlog=SPARK_BACKLOG)
+    source = GeneratorSource(events=SPARK_EVENTS, apps=3, rate=SPARK_RATE, backlog=SPARK_BACKLOG)
     env.from_source(source, uid="events").sink_to(FileSink(str(tmp_path / "out")), uid="sink")
     started = time.monotonic()
     result = env.execute("catch-up", spark=spark)
@@ -230,3 +249,30 @@ def test_a_driver_restored_from_a_checkpoint_reads_on_at_once_from_a_paced_sourc
     assert [r.start for r in ranges] == list(minute.values())
     assert all(r.records > 0 for r in ranges)
     assert planner.lag() == sum(r.records for r in ranges)  # not a minute of backlog either
+
+
+def test_a_restored_driver_with_a_backlog_neither_waits_nor_reads_the_backlog_again() -> None:
+    """With a backlog a new driver's source has ``backlog`` records at once: restored inside
+    it, the driver reads on from the checkpoint (the rest of the backlog is its lag); restored
+    past it, the planner moves its clock as without a backlog, and does not wait."""
+    for minutes, lag in ((1, BACKLOG - RATE * 60), (3, 0)):
+        clock = ManualClock()
+        sleeps: list[float] = []
+        source = GeneratorSource(events=None, rate=RATE, backlog=BACKLOG)
+        planner = EpochPlanner(
+            source,
+            clock,
+            target_ms=TARGET_MS,
+            min_records=1_000,
+            max_records=4_000_000,
+            sleep=sleeps.append,
+        )
+        read = {sid: RATE * 60 * minutes // 2 for sid in source.split_ids()}
+        planner.reset(read)
+        planner.start()
+        assert planner.lag() == lag
+        clock.advance(100)
+        ranges = planner.next_ranges()
+        assert sleeps == []
+        assert [r.start for r in ranges] == list(read.values())
+        assert planner.lag() == lag + RATE // 10  # and 100 ms of arrivals
