@@ -356,19 +356,23 @@ class CommandChannel:
 
         _retrying(create_or_move, f"open command stream {self.stream}", self.client)
 
-    def read(self, block_ms: int | None = None, count: int = 100) -> list[ReceivedMessage]:
+    def read(
+        self, block_ms: int | None = None, count: int = 100, client: redis.Redis | None = None
+    ) -> list[ReceivedMessage]:
         """The next commands, in order; acknowledge each with :meth:`ack` once obeyed.
 
         Args:
             block_ms: Wait up to this many milliseconds for a command (below
                 :data:`SOCKET_TIMEOUT_S`); None or 0: return at once.
             count: The most commands to return.
+            client: Read on this client instead (a connection of its own, whose blocking
+                read another client can end with ``CLIENT UNBLOCK``).
 
         Raises:
             TransportError: Redis is unreachable (no retry: the caller reads again later).
         """
         try:
-            response = self.client.xreadgroup(
+            response = (client or self.client).xreadgroup(
                 COMMANDS_GROUP,
                 self.consumer,
                 {self.stream: ">"},

@@ -56,6 +56,7 @@ class ScriptedControlPlane:
         on_event: Hook | None = None,
         max_failovers: int = 2,
         withhold_completions: bool = False,
+        completions_on_request: bool = False,
         burst: int = 0,
     ) -> None:
         self.client = client
@@ -66,6 +67,9 @@ class ScriptedControlPlane:
         self._withhold = withhold_completions  # complete, but tell the job only on release()
         self.withheld: list[int] = []
         self._release = threading.Event()
+        # Regular completions wait for send_withheld() (the final one goes at once).
+        self._on_request = completions_on_request
+        self._send_withheld = threading.Event()
         self.clock = SystemClock()
         self.job_id = ""
         self.incarnation: str | None = None
@@ -128,6 +132,11 @@ class ScriptedControlPlane:
                         self._handle(env, payload)
                         if self.on_event is not None:
                             self.on_event(self, env, payload)
+                if self._send_withheld.is_set():
+                    self._send_withheld.clear()
+                    withheld, self.withheld = self.withheld, []
+                    for checkpoint_id in withheld:
+                        self.send(p.NotifyCheckpointComplete(checkpoint_id=checkpoint_id))
                 if self._release.is_set() and self._withhold:
                     self._withhold = False
                     for checkpoint_id in self.withheld:
@@ -146,6 +155,11 @@ class ScriptedControlPlane:
     def release(self) -> None:
         """Send the withheld ``checkpoint_complete`` commands, and every later one at once."""
         self._release.set()
+
+    def send_withheld(self) -> None:
+        """With ``completions_on_request``: send the completions withheld so far (from the
+        control plane's thread, within 0.1 s)."""
+        self._send_withheld.set()
 
     @property
     def attempt(self) -> int:
@@ -278,7 +292,7 @@ class ScriptedControlPlane:
         # Step 2
         self.completed[cp.checkpoint_id] = cp
         # Step 3
-        if self._withhold:
+        if self._withhold or (self._on_request and not cp.is_final):
             self.withheld.append(cp.checkpoint_id)
         else:
             self.send(p.NotifyCheckpointComplete(checkpoint_id=cp.checkpoint_id))

@@ -1,23 +1,21 @@
 """Connected mode: the control plane is the authority, and the driver obeys its commands.
 
 The conversation of ``docs/control-plane.md`` ("A job's life"): the driver registers, waits
-for its first ``restore``, then runs epochs, reading its command stream before each one. The
-control plane assigns checkpoint ids and trigger timestamps, completes checkpoints (it writes
-``_metadata`` and owns checkpoint storage) and decides every restart. The driver carries the
-barriers it is given, one per epoch in id order, keeps its tasks' acknowledgements until the
-checkpoint completes (then the sinks commit) or is aborted (then they are forgotten), and
-reports everything under its current attempt.
+for its first ``restore``, then runs epochs, reading its command stream before each one (and,
+while one runs, obeying the completions and triggers that need not wait for it: see
+:mod:`~sparkpoint.runtime.epoch_commands`). The control plane assigns checkpoint ids and
+trigger timestamps, completes checkpoints (it writes ``_metadata`` and owns checkpoint
+storage) and decides every restart. The driver carries the barriers it is given, one per epoch
+in id order, keeps its tasks' acknowledgements until the checkpoint completes (then the sinks
+commit) or is aborted (then they are forgotten), and reports everything under its current
+attempt.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import uuid
 from contextlib import suppress
-from dataclasses import dataclass, field
-
-import redis
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
@@ -30,17 +28,12 @@ from sparkpoint.errors import (
     SparkpointError,
 )
 from sparkpoint.job_graph import Region
-from sparkpoint.options import JobOptions
 from sparkpoint.runtime.authority import Authority, JobFailedError, registration
 from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
+from sparkpoint.runtime.control_plane_link import ControlPlaneLink
+from sparkpoint.runtime.epoch_commands import EpochCommandReader
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
 from sparkpoint.runtime.failover import failover_region
-from sparkpoint.runtime.heartbeats import (
-    HEARTBEAT_INTERVAL_MS,
-    DriverHeartbeats,
-    heartbeat_interval_ms,
-    previous_failure,
-)
 from sparkpoint.runtime.plan import SplitRange
 from sparkpoint.runtime.recovery import (
     RestorePoint,
@@ -49,14 +42,7 @@ from sparkpoint.runtime.recovery import (
     storage_for_checkpoint_path,
 )
 from sparkpoint.runtime.spark import SparkLostError
-from sparkpoint.signing import CommandVerifier, Signer, driver_job_key
-from sparkpoint.transport import (
-    CommandChannel,
-    ReceivedMessage,
-    RedisEventSink,
-    Streams,
-    redis_client,
-)
+from sparkpoint.transport import ReceivedMessage
 
 #: How long one wait for commands blocks (back-pressure, a decision, the final checkpoint).
 WAIT_MS = 100
@@ -96,62 +82,6 @@ class ControlPlaneTimeoutError(SparkpointError):
     """The control plane did not answer a job's registration in time."""
 
 
-@dataclass(frozen=True)
-class ControlPlaneLink:
-    """The Redis side of a connected driver: its event sink and its command channel."""
-
-    client: redis.Redis
-    streams: Streams
-    events: RedisEventSink
-    channel: CommandChannel
-    incarnation: str  # a nonce of this driver process; names its consumer too
-    heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
-    previous_failure: str | None = None  # why the previous driver process ended
-    heartbeats: DriverHeartbeats | None = field(default=None, compare=False)
-
-    @classmethod
-    def connect(cls, options: JobOptions) -> ControlPlaneLink:
-        """The link of a job's options (``--redis-url``, ``--stream-prefix``), signing its
-        events and checking its commands with the job's key (:mod:`sparkpoint.signing`): the
-        main thread's events and the heartbeats are two senders, each numbered in order.
-
-        Raises:
-            ConfigurationError: no Redis URL, or a malformed one; no job key.
-        """
-        if not options.redis_url:
-            raise ConfigurationError(
-                f"job {options.job_id} runs connected to a control plane but has no Redis URL: "
-                "start `sparkpoint server`, set REDIS_URL or --redis-url, or use --standalone"
-            )
-        interval_ms = heartbeat_interval_ms(options.job_id, os.environ)
-        key = driver_job_key(options.job_id, os.environ)
-        client = redis_client(options.redis_url)
-        streams = Streams(options.stream_prefix)
-        incarnation = uuid.uuid4().hex
-        return cls(
-            client=client,
-            streams=streams,
-            events=RedisEventSink(client, streams, signer=Signer(lambda _: key, incarnation)),
-            channel=CommandChannel(
-                client, options.job_id, incarnation, streams, verifier=CommandVerifier(key)
-            ),
-            incarnation=incarnation,
-            heartbeat_interval_ms=interval_ms,
-            previous_failure=previous_failure(os.environ),
-            heartbeats=DriverHeartbeats(
-                RedisEventSink(
-                    client,
-                    streams,
-                    retry_for_s=0,
-                    signer=Signer(lambda _: key, f"hb-{incarnation}"),
-                ),
-                options.job_id,
-                incarnation,
-                interval_ms,
-            ),
-        )
-
-
 class ControlPlaneAuthority(Authority):
     """Runs a job as the control plane commands (see the module docstring)."""
 
@@ -175,6 +105,7 @@ class ControlPlaneAuthority(Authority):
         self._running: QueuedBarrier | None = None  # the barrier of the epoch running now
         self._awaiting_decision = False  # after task_failed: until restore or cancel
         self._region: tuple[Region, int] | None = None  # a region failure reported, its epoch
+        self._reader = EpochCommandReader(link.channel, self._obey_while_running)
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -235,13 +166,14 @@ class ControlPlaneAuthority(Authority):
         wait for commands when no epoch may run (a decision, back-pressure, the final
         checkpoint or the stop-with-savepoint in flight, the end of input)."""
         channel = self.link.channel
+        runner = self._reader.around(runner)
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
         self._spark_ready = True
         if self.job.status is p.JobStatus.CREATED and self._end is None:
             self.job.set_status(p.JobStatus.RUNNING)
         try:
             while True:
-                self._obey(channel.read())
+                self._obey(self._reader.held() + channel.read())
                 if self._cancel_if_requested():
                     self._finish()
                     return
@@ -255,7 +187,8 @@ class ControlPlaneAuthority(Authority):
                     runner, ranges, queued.barrier if queued else None, self
                 )
                 self._running = None
-                if outcome.failure is not None:
+                if outcome.failure is not None and not self._awaiting_decision:
+                    # (A commit that failed while the epoch ran reported the failure already.)
                     self._fail(outcome.epoch, outcome.failure, outcome.failed)
                 elif queued is not None:
                     self._checkpoints.carried(queued)
@@ -266,6 +199,7 @@ class ControlPlaneAuthority(Authority):
             raise
 
     def close(self) -> None:
+        self._reader.close()
         if self.link.heartbeats is not None:
             self.link.heartbeats.stop()
         self.link.client.close()
@@ -341,6 +275,19 @@ class ControlPlaneAuthority(Authority):
                 return
             self._obey_one(message.envelope, message.payload)
             self.link.channel.ack([message.entry_id])
+
+    def _obey_while_running(self, message: ReceivedMessage) -> bool:
+        """Obey a command read while an epoch runs (on the reader's thread), if it does not
+        depend on that epoch's result: a completion (its acknowledgements came from earlier
+        epochs) or a trigger (queued for a later epoch). False: it waits for the epoch's end,
+        with every command after it (an abort may name the running epoch's barrier, whose
+        acknowledgements are not held yet)."""
+        if self._end is not None or self._awaiting_decision:
+            return False
+        if not isinstance(message.payload, (p.NotifyCheckpointComplete, p.TriggerCheckpoint)):
+            return False
+        self._obey_one(message.envelope, message.payload)
+        return True
 
     def _obey_one(self, envelope: p.Envelope, command: object) -> None:
         job = self.job

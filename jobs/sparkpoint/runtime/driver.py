@@ -45,7 +45,8 @@ from sparkpoint.runtime.authority import (
     JobCanceledError,
     JobFailedError,
 )
-from sparkpoint.runtime.connected import ControlPlaneAuthority, ControlPlaneLink
+from sparkpoint.runtime.connected import ControlPlaneAuthority
+from sparkpoint.runtime.control_plane_link import ControlPlaneLink
 from sparkpoint.runtime.execution import EpochRunner, JobExecution
 from sparkpoint.runtime.failover import check_failover_strategy
 from sparkpoint.runtime.local import LocalEpochRunner

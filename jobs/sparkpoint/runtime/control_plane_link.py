@@ -1,0 +1,76 @@
+"""The Redis side of a connected driver: where it sends its events and reads its commands."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+from sparkpoint.errors import ConfigurationError
+from sparkpoint.options import JobOptions
+from sparkpoint.runtime.heartbeats import (
+    HEARTBEAT_INTERVAL_MS,
+    DriverHeartbeats,
+    heartbeat_interval_ms,
+    previous_failure,
+)
+from sparkpoint.signing import CommandVerifier, Signer, driver_job_key
+from sparkpoint.transport import CommandChannel, RedisEventSink, Streams, redis_client
+
+
+@dataclass(frozen=True)
+class ControlPlaneLink:
+    """The Redis side of a connected driver: its event sink and its command channel."""
+
+    client: redis.Redis
+    streams: Streams
+    events: RedisEventSink
+    channel: CommandChannel
+    incarnation: str  # a nonce of this driver process; names its consumer too
+    heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
+    previous_failure: str | None = None  # why the previous driver process ended
+    heartbeats: DriverHeartbeats | None = field(default=None, compare=False)
+
+    @classmethod
+    def connect(cls, options: JobOptions) -> ControlPlaneLink:
+        """The link of a job's options (``--redis-url``, ``--stream-prefix``), signing its
+        events and checking its commands with the job's key (:mod:`sparkpoint.signing`): the
+        main thread's events and the heartbeats are two senders, each numbered in order.
+
+        Raises:
+            ConfigurationError: no Redis URL, or a malformed one; no job key.
+        """
+        if not options.redis_url:
+            raise ConfigurationError(
+                f"job {options.job_id} runs connected to a control plane but has no Redis URL: "
+                "start `sparkpoint server`, set REDIS_URL or --redis-url, or use --standalone"
+            )
+        interval_ms = heartbeat_interval_ms(options.job_id, os.environ)
+        key = driver_job_key(options.job_id, os.environ)
+        client = redis_client(options.redis_url)
+        streams = Streams(options.stream_prefix)
+        incarnation = uuid.uuid4().hex
+        return cls(
+            client=client,
+            streams=streams,
+            events=RedisEventSink(client, streams, signer=Signer(lambda _: key, incarnation)),
+            channel=CommandChannel(
+                client, options.job_id, incarnation, streams, verifier=CommandVerifier(key)
+            ),
+            incarnation=incarnation,
+            heartbeat_interval_ms=interval_ms,
+            previous_failure=previous_failure(os.environ),
+            heartbeats=DriverHeartbeats(
+                RedisEventSink(
+                    client,
+                    streams,
+                    retry_for_s=0,
+                    signer=Signer(lambda _: key, f"hb-{incarnation}"),
+                ),
+                options.job_id,
+                incarnation,
+                interval_ms,
+            ),
+        )
