@@ -45,4 +45,15 @@ class StorageLocationError(SparkpointError):
 
 
 class InjectedFailure(SparkpointError):
-    """A failure injected on purpose by ``--fail-after`` or :mod:`sparkpoint.testing`."""
+    """A failure injected on purpose by ``--fail-after`` or :mod:`sparkpoint.testing`.
+
+    ``raised_at_ms``: the wall clock where it was raised (a task's), appended to the message
+    (``at unix time <seconds>``): only the message crosses Spark to the driver, and how long
+    the driver took to hear of the failure is measured from it (``bench_recovery.py``).
+    """
+
+    def __init__(self, message: str, raised_at_ms: int | None = None) -> None:
+        if raised_at_ms is not None:
+            message = f"{message} at unix time {raised_at_ms / 1000:.3f}"
+        super().__init__(message)
+        self.raised_at_ms = raised_at_ms

@@ -68,10 +68,13 @@ def test_injected_failure_prints_no_traceback_of_the_killed_task(tmp_path: Path)
     assert others in ([], [_JVM_START]), proc.stderr
     [failure] = [line for line in lines if "ERROR: " in line]
     spark_log = Path(failure.split("(Spark's log: ")[1].removesuffix(")"))
+    # The task's wall clock when it raised the failure: the driver hears of it a moment later.
+    raised = re.search(r"\) at unix time (\d+\.\d{3}) \(Spark's log", failure)
+    assert raised is not None, failure
     assert failure == (
         f"{prefix}: ERROR: attempt 1 failed in epoch 0: InjectedFailure: injected failure in "
         "source events[0] at offset 2000 of generator-0 (job attempt 1, epoch 0) "
-        f"(Spark's log: {spark_log})"
+        f"at unix time {raised[1]} (Spark's log: {spark_log})"
     )
     assert (
         f"{prefix}: WARNING: attempt 2 restored from the beginning (no checkpoint completed yet); "

@@ -9,6 +9,7 @@ import pytest
 
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
+from sparkpoint.clock import ManualClock
 from sparkpoint.connectors.sinks import FileSink
 from sparkpoint.errors import InjectedFailure
 from sparkpoint.graph import StreamExecutionEnvironment
@@ -148,3 +149,18 @@ def test_emit_epoch_flushes_updates_before_the_barrier_into_its_transaction(
     part = tmp_path / "out" / pre.transaction.parts[0]
     # What checkpoint 1 commits holds a's latest value: a restore from it loses nothing.
     assert sorted(part.read_text().splitlines()) == ['{"k": "a", "n": 2}', '{"k": "b", "n": 2}']
+
+
+def test_an_injected_failure_says_when_the_task_raised_it(tmp_path: Path) -> None:
+    graph = _graph(tmp_path, [{"k": "a"}] * 8)
+    plan = _plan(
+        tmp_path, CheckpointingMode.EXACTLY_ONCE, failure=FailureInjection("source", offset=3)
+    )
+    clock = ManualClock(1_700_000_000_123)
+    with pytest.raises(InjectedFailure) as raised:
+        list(run_source_task(graph, plan, 0, TaskInfo(0, 0), clock))
+    assert str(raised.value) == (
+        "injected failure in source src[0] at offset 3 of list-0 (job attempt 1, epoch 0) "
+        "at unix time 1700000000.123"
+    )
+    assert raised.value.raised_at_ms == 1_700_000_000_123

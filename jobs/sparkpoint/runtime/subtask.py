@@ -171,7 +171,8 @@ class SubtaskCheckpointer:
         if fail is not None and fail.checkpoint_id == barrier.checkpoint_id and self.sinks:
             raise InjectedFailure(
                 f"injected failure in {self.uid}[{self.subtask}] after the sink pre-committed "
-                f"for checkpoint {barrier.checkpoint_id}"
+                f"for checkpoint {barrier.checkpoint_id}",
+                self.clock.now_ms(),
             )
         upload = target = None
         if capture is not None:

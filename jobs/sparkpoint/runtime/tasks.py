@@ -268,7 +268,8 @@ def run_source_task(
     else:
         raise InjectedFailure(
             f"injected failure in source {uid}[{subtask}] at offset {stop} of {rng.split_id} "
-            f"(job attempt {plan.attempt}, epoch {plan.epoch})"
+            f"(job attempt {plan.attempt}, epoch {plan.epoch})",
+            clock.now_ms(),
         )
     checkpointer.finish()
     report.split_end = {rng.split_id: rng.end}
@@ -363,7 +364,8 @@ def run_keyed_task(
         ):
             raise InjectedFailure(
                 f"injected failure in {uid}[{subtask}] after {report.records_in} records "
-                f"(job attempt {plan.attempt}, epoch {plan.epoch})"
+                f"(job attempt {plan.attempt}, epoch {plan.epoch})",
+                clock.now_ms(),
             )
 
     # Step 2
@@ -427,7 +429,8 @@ def run_keyed_task(
         ):
             raise InjectedFailure(
                 f"injected failure in {uid}[{subtask}] while aligning checkpoint "
-                f"{fail_alignment.checkpoint_id}"
+                f"{fail_alignment.checkpoint_id}",
+                clock.now_ms(),
             )
     handler.end_of_input()
     spill.close()
