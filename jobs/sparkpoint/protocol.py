@@ -306,6 +306,9 @@ class Heartbeat(_Model):
     host_time: Long
     # The application's executors after the epoch; None: a driver that does not report them.
     executors: list[ExecutorModel] | None = Field(default=None, max_length=MAX_EXECUTORS)
+    # An epoch that restored keyed state (else None): its longest restore, first records' time
+    restore_duration_ms: float | None = Field(default=None, ge=0, le=MAX_DURATION_MS)
+    first_record_after_restore: Long | None = None
 
 
 class DriverHeartbeat(_Model):

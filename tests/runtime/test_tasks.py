@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,38 @@ def test_an_injected_failure_says_when_the_task_raised_it(tmp_path: Path) -> Non
         "at unix time 1700000000.123"
     )
     assert raised.value.raised_at_ms == 1_700_000_000_123
+
+
+class _SlowReads(FileSystemCheckpointStorage):
+    """Checkpoint storage whose every state read takes 250 ms of ``clock``."""
+
+    def __init__(self, root: str, clock: ManualClock) -> None:
+        super().__init__(root)
+        self.clock = clock
+
+    def read_state(self, handle: Any) -> bytes:
+        self.clock.advance(250)
+        return super().read_state(handle)
+
+
+def test_a_keyed_subtask_reports_how_long_its_restore_took_and_its_first_records(
+    tmp_path: Path,
+) -> None:
+    plan, (keyed, *_) = _run(tmp_path, CheckpointingMode.EXACTLY_ONCE)
+    assert keyed.restore_ms is None  # it opened empty state: nothing was restored
+    (ack,) = keyed.acks
+    clock = ManualClock(1_700_000_000_000)
+    restoring = replace(
+        plan,
+        epoch=1,
+        barrier=None,
+        ranges=(SplitRange(0, "list-0", 2, 4), SplitRange(1, "list-1", 2, 4)),
+        state_inputs={"cnt": (StateInput(handles=tuple(ack.handles), restored_from=1),)},
+        restore_storage=_SlowReads(str(tmp_path / "chk"), clock),
+    )
+    graph = _graph(tmp_path, [{"k": k} for pair in zip("aaaa", "bbbb", strict=True) for k in pair])
+    elements = [e for s in (0, 1) for e in run_source_task(graph, restoring, s, TaskInfo(s, s))]
+    report, *_ = run_keyed_task(graph, restoring, 0, iter(elements), TaskInfo(0, 10), clock)
+    assert report.restore_ms == 250.0 * len(ack.handles)
+    assert report.first_record_wall_ms == 1_700_000_000_000 + 250 * len(ack.handles)
+    assert report.records_in == 4

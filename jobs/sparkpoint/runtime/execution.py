@@ -252,7 +252,9 @@ class JobExecution:
                 self.publish(ack)
                 listener.on_ack(plan.attempt, ack)
         listener.after_acks()
-        # Step 4: the heartbeat.
+        # Step 4: the heartbeat (with how long restoring took, in an epoch that restored).
+        restored = [r for r in ordered if r.restore_ms is not None]
+        firsts = [r.first_record_wall_ms for r in restored if r.first_record_wall_ms is not None]
         self.publish(
             p.Heartbeat(
                 epoch=plan.epoch,
@@ -262,6 +264,8 @@ class JobExecution:
                 source_lag=self.planner.lag(),
                 host_time=self.clock.now_ms(),
                 executors=self.executors,
+                restore_duration_ms=max((r.restore_ms or 0.0 for r in restored), default=None),
+                first_record_after_restore=min(firsts, default=None),
             )
         )
         listener.after_epoch(plan.epoch)

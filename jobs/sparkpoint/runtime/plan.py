@@ -151,3 +151,5 @@ class TaskReport:
     state_durable_files: tuple[str, ...] = ()
     state_bytes_written: int = 0  # by the working-state version of this epoch
     split_end: dict[str, int] = field(default_factory=dict)
+    restore_ms: float | None = None  # a keyed subtask that restored a checkpoint: how long
+    first_record_wall_ms: int | None = None  # when a keyed subtask processed its first records

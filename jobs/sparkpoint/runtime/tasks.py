@@ -316,6 +316,8 @@ def run_keyed_task(
     state.pending = [t for t in state.pending if t[0] > plan.committed_up_to]
     sinks = _sink_writers(graph, plan, uid, subtask, info, state)
     operators = open_operator_state(plan, keyed, subtask, state)  # before the function's open
+    if plan.state_input(uid, subtask).restored_from is not None:
+        report.restore_ms = clock.monotonic_ms() - started
     outputs = _Outputs(graph, uid, subtask, report, sinks)
     checkpointer = SubtaskCheckpointer(
         plan,
@@ -356,7 +358,10 @@ def run_keyed_task(
 
     def process(channel: int, batch: Batch) -> Iterator[Any]:
         report.records_in += records_of(batch)
-        yield from emit(op.process_input(input_of(channel), batch, backend))
+        out = op.process_input(input_of(channel), batch, backend)
+        if report.first_record_wall_ms is None and report.records_in:
+            report.first_record_wall_ms = clock.now_ms()
+        yield from emit(out)
         if (
             fail_records is not None
             and plan.epoch >= fail_records.at_epoch
