@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo docs test test-slow test-spark-matrix chaos bench bench-ss bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-per-record bench-redis-to-sql lint format clean
+.PHONY: demo docs test test-slow test-spark-matrix chaos bench bench-ss bench-commit-latency bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-catch-up bench-per-record bench-redis-to-sql lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -77,6 +77,12 @@ bench-load: $(VENV)/.installed
 bench-redis-to-sql: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_redis_to_sql.py
 
+# A connected PV job's output: how long after its checkpoint completed the sinks commit, with
+# completions obeyed while an epoch runs vs between epochs only (~3 min; the tests' Redis);
+# writes tests/benchmarks/results/commit_latency.md and .json.
+bench-commit-latency: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_commit_latency.py
+
 bench-dashboard: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_dashboard.py
 
@@ -94,6 +100,11 @@ bench-state: $(VENV)/.installed
 # tests/benchmarks/results/pv_keys.md and .json.
 bench-pv-keys: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_pv_keys.py
+
+# The PV job paced at 20 k events/s, started 2 M events behind, --emit epoch and every (~3 min);
+# writes tests/benchmarks/results/catch_up.md, .json and .svg (epoch size and lag over time).
+bench-catch-up: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_catch_up.py
 
 # PyFlink pins older numpy, pandas, pyarrow, cloudpickle, py4j and redis than the project's
 # venv has, so it gets a venv of its own, used only by this benchmark.
