@@ -194,16 +194,24 @@ DECADES = {3: "1 k", 4: "10 k", 5: "100 k", 6: "1 M", 7: "10 M"}
 
 def svg_plot(runs: list[dict[str, Any]]) -> str:
     """Epoch size (a step over each epoch's span) and the lag before each epoch (a point),
-    one panel per run, with the caught-up time and the 60 s aim as vertical lines."""
-    xmax = max(AIM_S, *(r["paced_s"] for r in runs)) * 1.03
+    with the caught-up time and the 60 s aim as vertical lines: per run, a panel of the whole
+    run and one of its first seconds (the catch-up)."""
+    whole = max(AIM_S, *(r["paced_s"] for r in runs)) * 1.03
+    panels = [(run, whole) for run in runs]
+    panels += [(run, _zoom(run)) for run in runs if run["caught_up_s"] is not None]
     svg = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-        f'height="{HEIGHT * len(runs)}" font-family="sans-serif" font-size="12">',
+        f'height="{HEIGHT * len(panels)}" font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
     ]
-    for k, run in enumerate(runs):
+    for k, (run, xmax) in enumerate(panels):
         svg += _panel(run, k * HEIGHT, xmax)
     return "\n".join([*svg, "</svg>"]) + "\n"
+
+
+def _zoom(run: dict[str, Any]) -> float:
+    """The first seconds of a run: four times its catch-up, two at least."""
+    return float(max(2, math.ceil(4 * run["caught_up_s"])))
 
 
 def _panel(run: dict[str, Any], oy: int, xmax: float) -> list[str]:
@@ -221,8 +229,11 @@ def _panel(run: dict[str, Any], oy: int, xmax: float) -> list[str]:
 
     caught = run["caught_up_s"]
     title = f"--emit {run['emit']}: " + (
-        "never caught up" if caught is None else f"caught up after {caught:.1f} s"
+        "never caught up" if caught is None else f"caught up after {caught:.2f} s"
     )
+    if xmax < run["paced_s"]:
+        title = f"--emit {run['emit']}, the first {xmax:.0f} s"
+    epochs = [e for e in run["per_epoch"] if e["planned_s"] <= xmax]
     out = [f'<text x="{LEFT}" y="{oy + 22}" font-size="14">{title}</text>']
     for d, label in DECADES.items():
         out.append(
@@ -230,29 +241,35 @@ def _panel(run: dict[str, Any], oy: int, xmax: float) -> list[str]:
             f'stroke="#ddd"/><text x="{LEFT - 6}" y="{y(10**d) + 4:.1f}" '
             f'text-anchor="end">{label}</text>'
         )
-    for s in range(0, int(xmax) + 1, 10):
-        out.append(f'<text x="{x(s):.1f}" y="{bottom + 16}" text-anchor="middle">{s} s</text>')
+    step = next(t for t in (0.25, 0.5, 1, 2, 5, 10, 20, 60) if t >= xmax / 10)
+    for i in range(int(xmax / step) + 1):
+        out.append(
+            f'<text x="{x(i * step):.1f}" y="{bottom + 16}" text-anchor="middle">'
+            f"{i * step:g} s</text>"
+        )
     out.append(
         f'<text x="{x(xmax)}" y="{bottom + 32}" text-anchor="end">time since the first '
-        f"epoch (Spark started {run['start_up_s']:.1f} s before it)</text>"
+        f"epoch (the driver started {run['start_up_s']:.1f} s before it)</text>"
     )
     one = y(run["one_epoch_records"])
     out.append(
         f'<line x1="{LEFT}" x2="{x(xmax)}" y1="{one:.1f}" y2="{one:.1f}" stroke="#888" '
         'stroke-dasharray="2,3"/>'
     )
-    out.append(vline(AIM_S, 'stroke="#c00" stroke-dasharray="5,4"'))
+    if xmax >= AIM_S:
+        out.append(vline(AIM_S, 'stroke="#c00" stroke-dasharray="5,4"'))
     if caught is not None:
         out.append(vline(caught, 'stroke="#090"'))
     steps = " ".join(
-        f"{x(e['planned_s']):.1f},{y(e['records']):.1f} {x(e['end_s']):.1f},{y(e['records']):.1f}"
-        for e in run["per_epoch"]
+        f"{x(e['planned_s']):.1f},{y(e['records']):.1f} "
+        f"{x(min(e['end_s'], xmax)):.1f},{y(e['records']):.1f}"
+        for e in epochs
     )
     out.append(f'<polyline points="{steps}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
     out += [
         f'<circle cx="{x(e["planned_s"]):.1f}" cy="{y(e["lag_before"]):.1f}" r="2.5" '
         'fill="#ff7f0e"/>'
-        for e in run["per_epoch"]
+        for e in epochs
     ]
     legend = {
         "#1f77b4": "epoch size (records)",
