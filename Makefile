@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo docs test test-slow test-spark-matrix chaos bench bench-ss bench-commit-latency bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-catch-up bench-per-record bench-redis-to-sql lint format clean
+.PHONY: demo docs test test-slow test-spark-matrix chaos bench bench-ss bench-commit-latency bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-catch-up bench-recovery bench-per-record bench-redis-to-sql lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -105,6 +105,11 @@ bench-pv-keys: $(VENV)/.installed
 # writes tests/benchmarks/results/catch_up.md, .json and .svg (epoch size and lag over time).
 bench-catch-up: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_catch_up.py
+
+# A task failure -> the first record processed after the restore, the PV job with ~1 MB and
+# ~100 MB of state on both backends (~20 min); writes tests/benchmarks/results/recovery.md, .json.
+bench-recovery: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_recovery.py
 
 # PyFlink pins older numpy, pandas, pyarrow, cloudpickle, py4j and redis than the project's
 # venv has, so it gets a venv of its own, used only by this benchmark.
