@@ -72,12 +72,13 @@ from sparkpoint.runtime.spark import spark_session  # noqa: E402
 from sparkpoint.testing import FailureInjection, committed_files  # noqa: E402
 
 #: Per state size: distinct apps, events, and the offset of split 0 where its task fails.
-#: Epochs grow to 4 M records per split (8 M in all), and the checkpoint restored is the one of
-#: the epoch before the failed one or of the epoch before that: it covers at least 16 M events
-#: fewer than the failure point, so the failure comes late enough for that checkpoint to hold
-#: nearly every app (100MB: >= 17 M events of 5.8 M apps, >= 95 % of them, ~17 bytes each).
+#: Epochs grow to 4 M records per split (8 M in all). The failure comes after 36 M (1MB) or
+#: 33 M (100MB) events, more than 5 s of input at the fastest this machine runs the job: several
+#: checkpoints (one a second) completed before it. The checkpoint restored is the one of the
+#: epoch before the failed one or of the epoch before that, which covers at least 16 M events
+#: fewer: nearly every app (100MB: >= 17 M events of 5.8 M apps, >= 95 %, ~17 bytes each).
 SIZES = {
-    "1MB": {"apps": 60_000, "events": 20_000_000, "fail_at": 8_000_000},
+    "1MB": {"apps": 60_000, "events": 40_000_000, "fail_at": 18_000_000},
     "100MB": {"apps": 5_800_000, "events": 34_000_000, "fail_at": 16_500_000},
 }
 BACKENDS = {"hashmap": ("hashmap", False), "rocksdb": ("rocksdb", True)}
