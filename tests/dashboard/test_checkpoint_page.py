@@ -17,6 +17,7 @@ from sparkpoint_dashboard.pages.checkpoint import (
     layout,
     not_found_text,
     operator_rows,
+    output_stat,
     pending_span,
     shared_text,
     short_checksum,
@@ -72,6 +73,8 @@ def _checkpoint(**overrides: Any) -> dict[str, Any]:
         "num_subtasks": 4,
         "num_acknowledged_subtasks": 4,
         "external_path": f"file:///cp/{JOB}/chk-5",
+        "committed": True,
+        "commit_timestamp": NOW - 3_997,
         "failure_message": None,
         "failure_reason": None,
         "discarded": False,
@@ -149,7 +152,9 @@ def test_summary_cards() -> None:
         "Acknowledged4/4",
         "Alignment buffered11.4 KiB",
         "Attempt · epoch1 · 9",
+        "Outputcommitted",
     ]
+    assert _text(stats.children[7].children[2]) == "3 ms after the last ack"
     assert _text(stats.children[1].children[2]) == "2026-11-26 UTC · 5.00 s ago"
     assert _text(stats.children[3].children[2]) == "state size 443 B"
     assert _text(path) == f"Path file:///cp/{JOB}/chk-5 · retained"
@@ -169,6 +174,19 @@ def test_summary_of_a_checkpoint_in_progress_counts_its_time_so_far() -> None:
     assert _text(stats.children[4].children[1]) == "1/4"
     assert _text(stats.children[6].children[1]) == f"1 · {DASH}"
     assert _text(path) == f"Path {DASH} · retained"
+
+
+def test_the_output_card_says_whether_and_when_the_sinks_committed() -> None:
+    assert output_stat(_checkpoint(), NOW) == ("committed", "3 ms after the last ack")
+    waiting = _checkpoint(committed=False, commit_timestamp=None)
+    assert output_stat(waiting, NOW) == ("not committed", "waiting for 4.00 s for the job's sinks")
+    nothing = _checkpoint(commit_timestamp=None)
+    assert output_stat(nothing, NOW) == ("committed", "no sink transaction to time")
+    for status in ("IN_PROGRESS", "FAILED"):
+        assert output_stat(_checkpoint(status=status, committed=False), NOW) == (
+            DASH,
+            "a checkpoint commits once completed",
+        )
 
 
 def test_failure_shows_reason_and_message_only_when_failed() -> None:

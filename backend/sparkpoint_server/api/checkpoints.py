@@ -53,7 +53,10 @@ SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
     "checkpoints), `latest` (`completed`, `savepoint`, `failed`, `restored`) and `history` "
     "(newest first, `limit` entries; default: the server's `default_history`). Each "
     "checkpoint entry also has the `epoch` that carried its barrier and that epoch's "
-    "`spark-job-group` in the Spark UI (both null until a source injected the barrier).",
+    "`spark-job-group` in the Spark UI (both null until a source injected the barrier), "
+    "`committed` (a completed checkpoint whose sinks committed its output, or that had none "
+    "to commit) and `commit_timestamp` (when the job's sinks committed it, the job's clock; "
+    "null while they have not, or when it had no sink transaction).",
     response_model=None,
     responses={**answer(CheckpointStatistics), **errors(404)},
 )
@@ -131,7 +134,8 @@ def patch_checkpoint_config(
 @router.get(
     "/jobs/{job_id}/checkpoints/details/{checkpoint_id}",
     summary="One checkpoint",
-    description="The checkpoint's history entry (with its `epoch` and `spark-job-group`) "
+    description="The checkpoint's history entry (with its `epoch`, `spark-job-group`, "
+    "`committed` and `commit_timestamp`) "
     "plus `tasks`: per operator, its status, acknowledged subtasks, sizes, slowest "
     "end-to-end duration and buffered bytes.",
     response_model=None,

@@ -274,7 +274,9 @@ def unpin(batch: Batch, rt: JobRuntime, checkpoint_id: int, why: str, drain: boo
     discard_subsumed(batch, rt, rt.coordinator.store.unpin(checkpoint_id, why), drain=drain)
 
 
-def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted) -> None:
+def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted, timestamp: int) -> None:
+    """A sink subtask committed its transaction of a completed checkpoint (at ``timestamp``,
+    the job's clock); the last one makes the checkpoint committed at that time."""
     waiting = rt.uncommitted.get(ev.checkpoint_id)
     if waiting is None:
         return
@@ -282,7 +284,7 @@ def sink_committed(batch: Batch, rt: JobRuntime, ev: p.SinkCommitted) -> None:
     if waiting:
         return
     del rt.uncommitted[ev.checkpoint_id]
-    batch.writer.checkpoint(rt.job_id, ev.checkpoint_id, committed=True)
+    batch.writer.checkpoint(rt.job_id, ev.checkpoint_id, committed=True, commit_timestamp=timestamp)
     # Not draining: completions of this batch may still be writing their _metadata.
     unpin(batch, rt, ev.checkpoint_id, UNCOMMITTED_PIN, drain=False)
 

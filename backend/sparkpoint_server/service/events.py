@@ -433,7 +433,7 @@ class EventApplier:
     def _sink_committed(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.SinkCommitted
     ) -> None:
-        d.sink_committed(batch, rt, ev)
+        d.sink_committed(batch, rt, ev, env.timestamp)
 
     def _heartbeat(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.Heartbeat) -> None:
         hb.received(batch, rt, self.clock.monotonic_ms())

@@ -52,6 +52,8 @@ _ENTRY_COLUMNS = (
     C.failure_reason,
     C.discarded,
     C.epoch,
+    C.committed,
+    C.commit_timestamp,
 )
 
 
@@ -177,7 +179,8 @@ def checkpoint_statistics(
 def _entry(row: AnyRow, job_name: str) -> dict[str, Any]:
     """One history entry (Flink's ``CheckpointStatistics``) from a row of ``_ENTRY_COLUMNS``,
     plus Sparkpoint's ``epoch`` that carried the barrier and its ``spark-job-group`` (both
-    None until a source injected the barrier)."""
+    None until a source injected the barrier), and whether (``committed``) and when
+    (``commit_timestamp``) the job's sinks committed a completed checkpoint's output."""
     (
         checkpoint_id,
         status,
@@ -198,6 +201,8 @@ def _entry(row: AnyRow, job_name: str) -> dict[str, Any]:
         failure_reason,
         discarded,
         epoch,
+        committed,
+        commit_timestamp,
     ) = row
     is_savepoint = kind == "savepoint"
     return {
@@ -221,6 +226,8 @@ def _entry(row: AnyRow, job_name: str) -> dict[str, Any]:
         "discarded": bool(discarded),
         "epoch": epoch,
         "spark-job-group": None if epoch is None else spark_job_group(job_name, attempt, epoch),
+        "committed": status == COMPLETED and bool(committed),
+        "commit_timestamp": commit_timestamp,
     }
 
 

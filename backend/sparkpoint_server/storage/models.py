@@ -118,6 +118,8 @@ class Checkpoint(Base):
     failure_message: Mapped[str | None] = mapped_column(Text)
     discarded: Mapped[bool] = mapped_column(Boolean, default=False)  # its state is deleted
     committed: Mapped[bool] = mapped_column(Boolean, default=False)  # sinks committed it
+    # When the job's sinks committed its transactions (the job's last sink_committed of it).
+    commit_timestamp: Mapped[int | None] = mapped_column(BigInteger)
     request_id: Mapped[str | None] = mapped_column(String(36))
 
     __table_args__ = (

@@ -129,9 +129,23 @@ def _or_dash(value: Any) -> str:
     return DASH if value is None else str(value)
 
 
+def output_stat(cp: dict[str, Any], now_ms: int) -> tuple[str, str]:
+    """Whether the job's sinks committed a completed checkpoint's output, and when."""
+    last_ack, at = cp.get("latest_ack_timestamp"), cp.get("commit_timestamp")
+    if cp.get("status") != "COMPLETED":
+        return DASH, "a checkpoint commits once completed"
+    if not cp.get("committed"):
+        waited = f" for {fmt_ms(max(0, now_ms - last_ack))}" if last_ack else ""
+        return "not committed", f"waiting{waited} for the job's sinks"
+    if at is None:
+        return "committed", "no sink transaction to time"
+    after = f"{fmt_ms(max(0, at - last_ack))} after the last ack" if last_ack else fmt_time(at)
+    return "committed", after
+
+
 def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
     """The checkpoint's numbers: status, trigger time, duration, sizes, acknowledgements,
-    attempt and epoch, then its path and whether it is still retained."""
+    attempt and epoch, its output's commit, then its path and whether it is still retained."""
     status = cp.get("status") or "UNKNOWN"
     trigger = cp.get("trigger_timestamp")
     e2e = cp.get("end_to_end_duration")
@@ -163,6 +177,7 @@ def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
                 "Attempt · epoch",
                 f"{_or_dash(cp.get('attempt'))} · {_or_dash(cp.get('epoch'))}",
             ),
+            stat("Output", *output_stat(cp, now_ms)),
         ],
         className="stats",
     )

@@ -109,6 +109,7 @@ def add_checkpoint(
         "failure_message": None,
         "discarded": False,
         "committed": done,
+        "commit_timestamp": trigger + 53 if done else None,
     }
     row = Checkpoint(**{**values, **overrides})
     session.add(row)

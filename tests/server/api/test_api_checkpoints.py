@@ -35,6 +35,8 @@ def _entry(cid: int, **changes: Any) -> dict[str, Any]:
         "discarded": False,
         "epoch": None,
         "spark-job-group": None,
+        "committed": True,
+        "commit_timestamp": trigger + 53,
     }
     return {**entry, **changes}
 
@@ -45,6 +47,8 @@ IN_PROGRESS_6 = _entry(
     epoch=13,
     **{"spark-job-group": "sparkpoint-job-1-name-a2-e13"},
     status="IN_PROGRESS",
+    committed=False,
+    commit_timestamp=None,
     latest_ack_timestamp=None,
     end_to_end_duration=None,
     state_size=0,
@@ -77,6 +81,8 @@ SAVEPOINT_4 = _entry(
 FAILED_3 = _entry(
     3,
     status="FAILED",
+    committed=False,
+    commit_timestamp=None,
     latest_ack_timestamp=None,
     end_to_end_duration=None,
     state_size=0,

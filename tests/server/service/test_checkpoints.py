@@ -10,6 +10,7 @@ from service_harness import Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
+from sparkpoint_server.storage import checkpoint_stats
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
 
 
@@ -146,6 +147,29 @@ def test_retention_keeps_a_checkpoint_until_its_sinks_committed(harness: Harness
     assert not os.path.exists(chk1)
     assert _row(harness, first).discarded and _row(harness, first).committed
     assert not _row(harness, second).discarded
+
+
+def test_a_checkpoint_is_committed_when_its_last_sink_subtask_committed_at_the_jobs_time(
+    harness: Harness,
+) -> None:
+    harness.start()
+    cid = harness.trigger_periodic()
+    harness.ack_all(1, cid, sink=True)
+    row = _row(harness, cid)
+    assert (row.status, row.committed, row.commit_timestamp) == ("COMPLETED", False, None)
+    harness.clock.advance(7)
+    commit = p.SinkCommitted(
+        checkpoint_id=cid, operator_id="pv", subtask=0, transaction_id="t", parts=1
+    )
+    harness.send(1, commit)
+    assert (_row(harness, cid).committed, _row(harness, cid).commit_timestamp) == (False, None)
+    harness.clock.advance(5)
+    harness.send(1, commit.model_copy(update={"subtask": 1}))
+    row = _row(harness, cid)
+    assert (row.committed, row.commit_timestamp) == (True, harness.clock.now_ms())
+    with harness.sessions() as session:
+        details = checkpoint_stats.checkpoint_details(session, harness.job_id, cid)
+    assert (details["committed"], details["commit_timestamp"]) == (True, harness.clock.now_ms())
 
 
 def test_the_interval_counts_from_running_not_from_registration(harness: Harness) -> None:
