@@ -25,7 +25,7 @@ from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime import driver
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
-from sparkpoint.runtime.planner import GROWTH, EpochCostModel, EpochPlanner
+from sparkpoint.runtime.planner import FIRST_EPOCH_RECORDS, GROWTH, EpochCostModel, EpochPlanner
 from sparkpoint.runtime.spark import SparkEpochRunner
 from sparkpoint.testing import line_counts
 
@@ -276,3 +276,27 @@ def test_a_restored_driver_with_a_backlog_neither_waits_nor_reads_the_backlog_ag
         assert sleeps == []
         assert [r.start for r in ranges] == list(read.values())
         assert planner.lag() == lag + RATE // 10  # and 100 ms of arrivals
+
+
+def test_after_a_restore_epochs_start_small_and_grow_back_to_their_learned_size() -> None:
+    # An unpaced job whose epochs had grown to the cap: a restore starts over with an epoch of
+    # FIRST_EPOCH_RECORDS per split (fresh Python workers; keyed tasks wait for the source
+    # stage), then GROWTH times more each epoch until the learned size again.
+    clock = ManualClock()
+    source = GeneratorSource(events=100_000_000, apps=10, rate=0, splits=2)
+    planner = EpochPlanner(
+        source, clock, target_ms=TARGET_MS, min_records=1_000, max_records=4_000_000
+    )
+    planner.per_split = 4_000_000  # what the throughput of earlier epochs asked for
+    assert planner.next_ranges()[0].records == 4_000_000
+    planner.reset({})
+    sizes = []
+    for _ in range(5):
+        ranges = planner.next_ranges()
+        sizes.append(ranges[0].records)
+        planner.advance(ranges)
+    assert (
+        sizes
+        == [FIRST_EPOCH_RECORDS, 4 * FIRST_EPOCH_RECORDS, 16 * FIRST_EPOCH_RECORDS]
+        + [4_000_000] * 2
+    )
