@@ -17,7 +17,7 @@ from sparkpoint_dashboard.pages.checkpoint import (
     layout,
     not_found_text,
     operator_rows,
-    output_stat,
+    output_text,
     pending_span,
     shared_text,
     short_checksum,
@@ -152,9 +152,10 @@ def test_summary_cards() -> None:
         "Acknowledged4/4",
         "Alignment buffered11.4 KiB",
         "Attempt · epoch1 · 9",
-        "Outputcommitted",
     ]
-    assert _text(stats.children[7].children[2]) == "3 ms after the last ack"
+    assert (
+        _text(stats.children[2].children[2]) == "trigger to last ack; output committed 3 ms later"
+    )
     assert _text(stats.children[1].children[2]) == "2026-11-26 UTC · 5.00 s ago"
     assert _text(stats.children[3].children[2]) == "state size 443 B"
     assert _text(path) == f"Path file:///cp/{JOB}/chk-5 · retained"
@@ -176,17 +177,17 @@ def test_summary_of_a_checkpoint_in_progress_counts_its_time_so_far() -> None:
     assert _text(path) == f"Path {DASH} · retained"
 
 
-def test_the_output_card_says_whether_and_when_the_sinks_committed() -> None:
-    assert output_stat(_checkpoint(), NOW) == ("committed", "3 ms after the last ack")
+def test_the_end_to_end_card_says_whether_and_when_the_sinks_committed() -> None:
+    assert output_text(_checkpoint(), NOW) == "output committed 3 ms later"
     waiting = _checkpoint(committed=False, commit_timestamp=None)
-    assert output_stat(waiting, NOW) == ("not committed", "waiting for 4.00 s for the job's sinks")
-    nothing = _checkpoint(commit_timestamp=None)
-    assert output_stat(nothing, NOW) == ("committed", "no sink transaction to time")
+    assert output_text(waiting, NOW) == "output NOT committed: waiting 4.00 s for the job's sinks"
+    assert output_text(_checkpoint(commit_timestamp=None), NOW) == "output committed"
     for status in ("IN_PROGRESS", "FAILED"):
-        assert output_stat(_checkpoint(status=status, committed=False), NOW) == (
-            DASH,
-            "a checkpoint commits once completed",
-        )
+        assert output_text(_checkpoint(status=status, committed=False), NOW) is None
+    stats, _ = summary_cards(waiting, NOW)
+    assert _text(stats.children[2].children[2]) == (
+        "trigger to last ack; output NOT committed: waiting 4.00 s for the job's sinks"
+    )
 
 
 def test_failure_shows_reason_and_message_only_when_failed() -> None:

@@ -129,23 +129,26 @@ def _or_dash(value: Any) -> str:
     return DASH if value is None else str(value)
 
 
-def output_stat(cp: dict[str, Any], now_ms: int) -> tuple[str, str]:
-    """Whether the job's sinks committed a completed checkpoint's output, and when."""
+def output_text(cp: dict[str, Any], now_ms: int) -> str | None:
+    """Whether the job's sinks committed a completed checkpoint's output, and when (None: the
+    checkpoint did not complete)."""
     last_ack, at = cp.get("latest_ack_timestamp"), cp.get("commit_timestamp")
     if cp.get("status") != "COMPLETED":
-        return DASH, "a checkpoint commits once completed"
+        return None
     if not cp.get("committed"):
-        waited = f" for {fmt_ms(max(0, now_ms - last_ack))}" if last_ack else ""
-        return "not committed", f"waiting{waited} for the job's sinks"
+        waited = f" {fmt_ms(max(0, now_ms - last_ack))}" if last_ack else ""
+        return f"output NOT committed: waiting{waited} for the job's sinks"
     if at is None:
-        return "committed", "no sink transaction to time"
-    after = f"{fmt_ms(max(0, at - last_ack))} after the last ack" if last_ack else fmt_time(at)
-    return "committed", after
+        return "output committed"
+    if last_ack is None:
+        return f"output committed at {fmt_time(at)}"
+    return f"output committed {fmt_ms(max(0, at - last_ack))} later"
 
 
 def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
     """The checkpoint's numbers: status, trigger time, duration, sizes, acknowledgements,
-    attempt and epoch, its output's commit, then its path and whether it is still retained."""
+    attempt and epoch (the end-to-end card also says whether the output was committed), then
+    its path and whether it is still retained."""
     status = cp.get("status") or "UNKNOWN"
     trigger = cp.get("trigger_timestamp")
     e2e = cp.get("end_to_end_duration")
@@ -155,6 +158,8 @@ def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
         duration, detail = DASH, "failed before completing"
     else:
         duration, detail = fmt_ms(e2e), "trigger to last ack"
+        output = output_text(cp, now_ms)
+        detail = detail if output is None else f"{detail}; {output}"
     n, m = cp.get("num_acknowledged_subtasks"), cp.get("num_subtasks")
     day, _, clock = fmt_time(trigger).partition(" ")
     if not clock:  # no trigger time
@@ -177,7 +182,6 @@ def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
                 "Attempt · epoch",
                 f"{_or_dash(cp.get('attempt'))} · {_or_dash(cp.get('epoch'))}",
             ),
-            stat("Output", *output_stat(cp, now_ms)),
         ],
         className="stats",
     )
