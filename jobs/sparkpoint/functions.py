@@ -102,14 +102,20 @@ class FlatMapOperator(StatelessOperator):
 
 
 class MapBatchOperator(StatelessOperator):
-    """A vectorized user function: ``Batch -> Batch``."""
+    """A vectorized user function: ``Batch -> Batch``, or ``Batch -> pyarrow.Table`` (or
+    ``RecordBatch``), which becomes a Batch through :meth:`Batch.from_arrow`."""
 
-    def __init__(self, uid: str, fn: Callable[[Batch], Batch]) -> None:
+    def __init__(self, uid: str, fn: Callable[[Batch], Any]) -> None:
         super().__init__(uid, "map_batch")
         self.fn = fn
 
     def apply(self, batch: Batch) -> Batch:
-        return self.fn(batch)
+        out = self.fn(batch)
+        if isinstance(out, Batch):
+            return out
+        from sparkpoint.arrow_batches import as_batch  # pyarrow only for jobs that use it
+
+        return as_batch(out, self.uid)
 
 
 class TimestampsAndWatermarksOperator(StatelessOperator):

@@ -172,7 +172,11 @@ class DataStream:
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], uid: str) -> DataStream:
         return self._add(FlatMapOperator(uid, fn))
 
-    def map_batch(self, fn: Callable[[Batch], Batch], uid: str) -> DataStream:
+    def map_batch(self, fn: Callable[[Batch], Any], uid: str) -> DataStream:
+        """A vectorized function of each batch of records: it returns a :class:`Batch` or a
+        ``pyarrow.Table``/``RecordBatch`` (``fn(batch)`` may compute on ``batch.to_arrow()``).
+        A batch never holds records from both sides of a checkpoint barrier; ``fn`` must be
+        deterministic (a restore replays its input) and may return more or fewer records."""
         return self._add(MapBatchOperator(uid, fn))
 
     def assign_timestamps_and_watermarks(

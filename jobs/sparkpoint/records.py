@@ -270,6 +270,23 @@ class Batch:
         except (KeyError, TypeError, IndexError) as err:
             raise KeyError(f"records have no field {name!r}") from err
 
+    def to_arrow(self) -> Any:
+        """The records as a ``pyarrow.Table``: a :class:`DictColumn` as a dictionary array
+        (not decoded), numbers without a copy where the dtype allows, a row batch of dicts
+        through its fields (:func:`sparkpoint.arrow_batches.batch_to_arrow`)."""
+        from sparkpoint.arrow_batches import batch_to_arrow
+
+        return batch_to_arrow(self)
+
+    @classmethod
+    def from_arrow(cls, data: Any) -> Batch:
+        """A columnar batch of a ``pyarrow.Table`` or ``RecordBatch``: dictionary arrays as
+        :class:`DictColumn`, numbers without a copy where possible, strings as ``str`` arrays;
+        nulls refused (:func:`sparkpoint.arrow_batches.batch_from_arrow`)."""
+        from sparkpoint.arrow_batches import batch_from_arrow
+
+        return batch_from_arrow(data)
+
     def take(self, indices: np.ndarray | Sequence[int]) -> Batch:
         """The records at ``indices``, in that order."""
         if self._columns is not None:
