@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= .sparkpoint/demo
 
-.PHONY: demo docs test test-slow test-spark-matrix chaos bench bench-ss bench-commit-latency bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-catch-up bench-recovery bench-per-record bench-redis-to-sql lint format clean
+.PHONY: demo docs test test-slow test-spark-matrix chaos bench bench-ss bench-commit-latency bench-control-plane bench-load bench-dashboard bench-state bench-pv-keys bench-catch-up bench-recovery bench-per-record bench-map-batch bench-redis-to-sql lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "PySpark needs Java 17+: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -126,6 +126,12 @@ $(PYFLINK_VENV)/.installed:
 PER_RECORD_ARGS ?=
 bench-per-record: $(VENV)/.installed $(PYFLINK_VENV)/.installed
 	$(PY) tests/benchmarks/bench_per_record.py --pyflink-python $(PYFLINK_VENV)/bin/python $(PER_RECORD_ARGS)
+
+# The same stateless stage per record (map + filter), with map_batch in numpy and through Arrow
+# (pyarrow.compute), in process without Spark (~30 s); writes tests/benchmarks/results/map_batch.md
+# and .json.
+bench-map-batch: $(VENV)/.installed
+	$(PY) tests/benchmarks/bench_map_batch.py
 
 DEMO_PORT ?= 8081
 DEMO_DASHBOARD_PORT ?= 8050
