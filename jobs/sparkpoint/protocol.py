@@ -24,8 +24,9 @@ from sparkpoint.limits import (
     MAX_VERTICES,
     check_job_id,
 )
+from sparkpoint.protocol_liveness import DriverHeartbeat as DriverHeartbeat
+from sparkpoint.protocol_liveness import Heartbeat as Heartbeat
 from sparkpoint.protocol_types import (
-    MAX_EXECUTORS,
     CheckpointId,
     Epoch,
     Index,
@@ -294,33 +295,6 @@ class EndOfInput(_Model):
 
     type: Literal["end_of_input"] = "end_of_input"
     epoch: Epoch
-
-
-class Heartbeat(_Model):
-    type: Literal["heartbeat"] = "heartbeat"
-    epoch: Epoch
-    records: Size
-    duration_ms: float = Field(ge=0)
-    records_per_second: float = Field(ge=0)
-    source_lag: Size
-    host_time: Long
-    # The application's executors after the epoch; None: a driver that does not report them.
-    executors: list[ExecutorModel] | None = Field(default=None, max_length=MAX_EXECUTORS)
-    # An epoch that restored keyed state (else None): its longest restore, first records' time
-    restore_duration_ms: float | None = Field(default=None, ge=0, le=MAX_DURATION_MS)
-    first_record_after_restore: Long | None = None
-
-
-class DriverHeartbeat(_Model):
-    """The driver process is alive (Flink's ``heartbeat.interval``): sent on a timer, whatever
-    the job is doing (starting Spark, a long epoch, waiting for a decision). Unlike
-    :class:`Heartbeat` it carries no metrics and is not tied to an epoch; the control plane
-    fails the job over when these stop for its heartbeat timeout. Keyed by the driver's
-    ``incarnation``, not by the attempt: a driver still switching attempts is alive too."""
-
-    type: Literal["driver_heartbeat"] = "driver_heartbeat"
-    incarnation: Nonce
-    host_time: Long
 
 
 EventPayload = (
