@@ -31,6 +31,7 @@ from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.testing import FailureInjection, line_counts, uncommitted_files
 from sparkpoint.transport import CommandChannel, ReceivedMessage, Streams, send_command
 
+from ..e2e.control_plane import free_port
 from ..support.waiting import wait_for
 from .pv_harness import APPS, expected_every_lines
 from .scripted_control_plane import ScriptedControlPlane
@@ -255,3 +256,13 @@ def test_a_commit_that_fails_while_an_epoch_runs_is_reported_once_and_restored(
     # The restore committed the checkpoint again; every line once.
     assert line_counts(str(out)) == expected_every_lines(events)
     assert uncommitted_files(str(out)) == []
+
+
+def test_without_redis_at_an_epochs_start_its_commands_wait_for_its_end() -> None:
+    gone = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1)
+    reader = EpochCommandReader(CommandChannel(gone, JOB, "c"), lambda _: True)
+    reader.start()  # no thread: the driver's next read reports Redis as it always did
+    assert reader._thread is None
+    reader.stop()
+    assert reader.held() == []
+    reader.close()

@@ -61,6 +61,10 @@ class EpochCommandReader:
         self._error: BaseException | None = None
         self.obeyed = 0  # commands obeyed while epochs ran
 
+    @property
+    def job_id(self) -> str:
+        return self.channel.job_id
+
     def around(self, runner: EpochRunner) -> EpochRunner:
         """``runner``, reading commands while each of its epochs runs."""
         return _ReadingRunner(runner, self)
@@ -69,23 +73,27 @@ class EpochCommandReader:
         """Read and obey commands on a thread of its own until :meth:`stop`."""
         assert self._thread is None, "the reader is running already"
         if self._connection is None:
-            self._connection = redis.Redis(
-                connection_pool=self.channel.client.connection_pool,
-                single_connection_client=True,
-            )
+            try:
+                self._connection = redis.Redis(
+                    connection_pool=self.channel.client.connection_pool,
+                    single_connection_client=True,  # connects now
+                )
+            except redis.RedisError as err:  # this epoch's commands wait for its end
+                log.warning("job %s: commands not read during the epoch: %s", self.job_id, err)
+                return
             try:
                 self._connection_id = int(self._connection.client_id())
             except redis.RedisError as err:
                 log.warning(
                     "job %s: Redis gave no client id (%s); an epoch's end waits up to %d ms "
                     "for the command reader",
-                    self.channel.job_id,
+                    self.job_id,
                     err,
                     READ_BLOCK_MS,
                 )
         self._stopping.clear()
         self._thread = threading.Thread(
-            target=self._read, name=f"commands-{self.channel.job_id}", daemon=True
+            target=self._read, name=f"commands-{self.job_id}", daemon=True
         )
         self._thread.start()
 
@@ -102,7 +110,7 @@ class EpochCommandReader:
                     self.channel.ack([message.entry_id])
                     self.obeyed += 1
         except TransportError as err:  # read again at the epoch's end, where errors count
-            log.warning("job %s: commands not read during the epoch: %s", self.channel.job_id, err)
+            log.warning("job %s: commands not read during the epoch: %s", self.job_id, err)
         except BaseException as err:  # handed to the driver's thread by held()
             self._error = err
 
