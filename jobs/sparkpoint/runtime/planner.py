@@ -154,7 +154,8 @@ class EpochPlanner:
         self.target_ms = target_ms
         self.min_records = min_records
         self.max_records = max_records
-        self.per_split = max(min_records, min(max_records, FIRST_EPOCH_RECORDS))
+        self._first = max(min_records, min(max_records, FIRST_EPOCH_RECORDS))
+        self.per_split = self._first
         # After a restore: the cap of the next epoch's size, growing by GROWTH per epoch.
         self._restart_cap: int | None = None
         self.cost = EpochCostModel()
@@ -260,8 +261,7 @@ class EpochPlanner:
         """Seek every split back to a checkpoint's positions (0 where it has none); the next
         epochs start small again (:data:`FIRST_EPOCH_RECORDS`, then growing by GROWTH)."""
         self.positions = [positions.get(sid, 0) for sid in self.split_ids]
-        first = max(self.min_records, min(self.max_records, FIRST_EPOCH_RECORDS))
-        self._restart_cap = first if first < self.max_records else None
+        self._restart_cap = self._first if self._first < self.max_records else None
         # A paced source has produced at least what a checkpoint read: a driver restarted from
         # it must not wait until its own clock reaches those positions again.
         behind = self._time_of_positions() - self._elapsed_s()
