@@ -234,6 +234,13 @@ class KeyedOperator(abc.ABC):
         """Process a batch of input ``input_index`` (a union's inputs are alike)."""
         return self.process(batch, backend)
 
+    def fields_read(self, input_index: int) -> frozenset[str] | None:
+        """The fields of input ``input_index``'s records that this operator reads, or None
+        when it may read any (a user function of the whole record, a key selector that is a
+        function). The sending task ships only these fields through the exchange (column
+        pruning); nothing downstream of the operator sees its input records."""
+        return None
+
     def partial(self, batch: Batch) -> Batch | None:
         """What the sending task may ship instead of ``batch`` (map-side partial aggregation,
         before the key-group exchange), or None to ship the records. A sending task calls it
@@ -284,6 +291,10 @@ class CountOperator(KeyedOperator):
         backend.get_state(ValueStateDescriptor(self.STATE, 0, serializer=serializer))
         self._pending: list[np.ndarray | DictColumn] = []  # key columns not yet counted
         self._weights: list[np.ndarray | None] = []  # their partial counts (None: 1 each)
+
+    def fields_read(self, input_index: int) -> frozenset[str] | None:
+        """A count reads the key and nothing else of a record."""
+        return frozenset({self.selector}) if isinstance(self.selector, str) else None
 
     def partial(self, batch: Batch) -> Batch | None:
         """With ``emit="epoch"`` (no output per record), a batch whose keys repeat becomes

@@ -287,6 +287,16 @@ class Batch:
 
         return batch_from_arrow(data)
 
+    def select(self, fields: frozenset[str]) -> Batch:
+        """Only the columns named in ``fields``, in this batch's order: what an exchange ships
+        to an operator that reads no other field (column pruning). This batch itself when it
+        is row-wise, has no other column, or lacks one of ``fields`` (the reader's error then
+        lists every field the records have)."""
+        cols = self._columns
+        if cols is None or not fields <= cols.keys() or len(cols) == len(fields):
+            return self
+        return Batch(columns={name: col for name, col in cols.items() if name in fields})
+
     def take(self, indices: np.ndarray | Sequence[int]) -> Batch:
         """The records at ``indices``, in that order."""
         if self._columns is not None:

@@ -125,6 +125,15 @@ class WindowOperator(KeyedOperator):
         self._windows: StateTable = backend.table(self.STATE)
         self._timers = InternalTimerService(backend)
 
+    def fields_read(self, input_index: int) -> frozenset[str] | None:
+        """A window count reads a record's key and timestamp; a window that folds records
+        (``reduce``, ``aggregate``) hands the whole record to its function."""
+        if self.needs_values or not isinstance(self.selector, str):
+            return None
+        if not isinstance(self.timestamps, str):
+            return None
+        return frozenset({self.selector, self.timestamps})
+
     def _first(self, value: Any) -> Any:
         """The accumulator of a window whose first record is ``value``."""
         if not self.has_initial:

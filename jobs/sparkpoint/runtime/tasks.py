@@ -128,6 +128,8 @@ class _Outputs:
         self.input_index = self.down.inputs.index(uid) if self.down else 0
         # A broadcast input: every record to every subtask, not by key group.
         self.broadcasting = self.down is not None and uid in self.down.broadcast_inputs
+        # The fields the next stage's operator reads: only these cross the exchange.
+        self.reads = self.down.operator.fields_read(self.input_index) if self.down else None
         self.report = report
         tags = {n.uid: n.tag for n in graph.sinks_of(uid)}
         self.sinks = [w for sink_uid, w in sinks.items() if tags[sink_uid] is None]
@@ -144,8 +146,9 @@ class _Outputs:
             if self.broadcasting:
                 yield from self.broadcast(batch)
                 return
-            partial = self.down.operator.partial(batch)
-            shipped = batch if partial is None else partial
+            pruned = batch if self.reads is None else batch.select(self.reads)
+            partial = self.down.operator.partial(pruned)
+            shipped = pruned if partial is None else partial
             for target, part in _route(shipped, self.down, self.targets, self.input_index):
                 yield target, (self.channel, part)
 
