@@ -16,6 +16,7 @@ from sparkpoint_dashboard.pages.checkpoints import (
     latest_view,
     layout,
     restore_lines,
+    restore_timings,
     summary_rows,
 )
 from sparkpoint_dashboard.routing import Page, Route
@@ -141,10 +142,18 @@ def test_restore_lines() -> None:
         "external_path": "file:///cp/chk-9",
     }
     lines = restore_lines(from_cp, JOB, NOW)
-    assert (
-        _text(lines) == "from checkpoint #92026-11-26 02:23:18.000 UTC (2.00 s ago)file:///cp/chk-9"
+    assert _text(lines) == (
+        "from checkpoint #92026-11-26 02:23:18.000 UTC (2.00 s ago)"
+        "timings: the first epoch after the restore has not reported yet"
+        "file:///cp/chk-9"
     )
     assert _find(lines, dcc.Link)[0].href == f"/jobs/{JOB}/checkpoints/9"
+    reported = {**from_cp, "state_restore_duration": 84.5, "first_record_timestamp": NOW - 1_300}
+    assert restore_timings(reported) == (
+        "state restored in 84 ms (slowest subtask); first record 700 ms after the restore"
+    )
+    skewed = {**reported, "first_record_timestamp": NOW - 2_500}  # executors' clock behind
+    assert restore_timings(skewed).endswith("first record at 2026-11-26 02:23:17.500 UTC")
     from_sp = {
         "id": None,
         "restore_timestamp": NOW - 2_000,

@@ -56,7 +56,10 @@ SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
     "`spark-job-group` in the Spark UI (both null until a source injected the barrier), "
     "`committed` (a completed checkpoint whose sinks committed its output, or that had none "
     "to commit) and `commit_timestamp` (when the job's sinks committed it, the job's clock; "
-    "null while they have not, or when it had no sink transaction).",
+    "null while they have not, or when it had no sink transaction). `latest.restored` also "
+    "has `state_restore_duration` (ms: the slowest keyed subtask's state restore) and "
+    "`first_record_timestamp` (when the job processed its first record after the restore, "
+    "the executors' clock), both null until the first epoch after the restore ends.",
     response_model=None,
     responses={**answer(CheckpointStatistics), **errors(404)},
 )

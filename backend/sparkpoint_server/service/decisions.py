@@ -474,6 +474,8 @@ def job_restored(batch: Batch, rt: JobRuntime, attempt: int, ev: p.JobRestored) 
         restored_at=batch.now,
         restored_path=ev.external_path,
         restored_is_savepoint=is_savepoint,
+        restored_state_ms=None,  # until the first epoch of the restored attempt reports them
+        restored_first_record=None,
     )
     if rt.restore_request is not None and rt.restore_request[0] == attempt:
         batch.writer.operation(

@@ -453,6 +453,13 @@ class EventApplier:
             source_lag=ev.source_lag,
             last_heartbeat=env.timestamp,
         )
+        if ev.restore_duration_ms is not None or ev.first_record_after_restore is not None:
+            # The first epoch after a restore: how long the state took, when records flowed.
+            batch.writer.job(
+                rt.job_id,
+                restored_state_ms=ev.restore_duration_ms,
+                restored_first_record=ev.first_record_after_restore,
+            )
         if ev.executors is not None:  # a driver that lists its Spark executors
             batch.writer.job(
                 rt.job_id, spark_executors=[e.model_dump(mode="json") for e in ev.executors]

@@ -73,6 +73,8 @@ _JOB_STATEMENT = select(
     J.restored_at,
     J.restored_is_savepoint,
     J.restored_path,
+    J.restored_state_ms,
+    J.restored_first_record,
 ).where(J.job_id == bindparam("job_id"))
 _COUNTS_STATEMENT = select(
     _of_job(func.count(), COMPLETED).label("completed"),
@@ -156,6 +158,10 @@ def checkpoint_statistics(
             "restore_timestamp": job.restored_at,
             "is_savepoint": bool(job.restored_is_savepoint),
             "external_path": job.restored_path,
+            # Beyond Flink's fields: how the restore went (None until the restored attempt's
+            # first epoch ends): the slowest subtask's state restore and the first record.
+            "state_restore_duration": job.restored_state_ms,
+            "first_record_timestamp": job.restored_first_record,
         }
     return {
         "counts": {

@@ -71,6 +71,11 @@ class Job(Base):
     restored_at: Mapped[int | None] = mapped_column(BigInteger)
     restored_path: Mapped[str | None] = mapped_column(Text)
     restored_is_savepoint: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How the latest restore went, from the first epoch after it (None until that epoch's
+    # heartbeat): the slowest keyed subtask's state restore (ms), and when the job's first
+    # record after the restore was processed (unix ms, the executors' clock).
+    restored_state_ms: Mapped[float | None] = mapped_column(Float)
+    restored_first_record: Mapped[int | None] = mapped_column(BigInteger)
     # The latest heartbeat.
     records: Mapped[int] = mapped_column(BigInteger, default=0)
     records_per_second: Mapped[float] = mapped_column(Float, default=0.0)

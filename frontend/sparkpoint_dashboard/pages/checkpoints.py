@@ -186,7 +186,28 @@ def restore_lines(restored: dict[str, Any] | None, job_id: str, now_ms: int) -> 
     what: list[Any] = [f"from {kind} "]
     if cp_id is not None:
         what.append(dcc.Link(f"#{cp_id}", href=checkpoint_path(job_id, cp_id)))
-    return [what, at, html.Code(path) if path else None]
+    return [what, at, restore_timings(restored), html.Code(path) if path else None]
+
+
+def restore_timings(restored: dict[str, Any]) -> str:
+    """How the restore went: the slowest subtask's state restore, and how long after the
+    restore the job processed its first record (reported by the first epoch after it)."""
+    state_ms, first = restored.get("state_restore_duration"), restored.get("first_record_timestamp")
+    if state_ms is None and first is None:
+        return "timings: the first epoch after the restore has not reported yet"
+    parts = []
+    if state_ms is not None:
+        parts.append(f"state restored in {fmt_ms(state_ms)} (slowest subtask)")
+    if first is not None:
+        when = restored.get("restore_timestamp")
+        after = first - when if isinstance(when, int) else -1
+        # The executors' clock against the control plane's: a skew can put it before.
+        parts.append(
+            f"first record {fmt_ms(after)} after the restore"
+            if after >= 0
+            else f"first record at {fmt_time(first)} UTC"
+        )
+    return "; ".join(parts)
 
 
 def summary_rows(summary: dict[str, Any]) -> list[list[str]]:

@@ -101,6 +101,8 @@ def history(sessions: sessionmaker[Session]) -> None:
             restored_at=T0 + 5000,
             restored_path="file:///tmp/chk/job-1/chk-2",
             restored_is_savepoint=False,
+            restored_state_ms=120.5,
+            restored_first_record=T0 + 5900,
         )
         s.flush()
         sizes = {1: (10.0, 100, 50, 0), 2: (20.0, 200, 100, 10), 5: (30.0, 300, 150, 20)}

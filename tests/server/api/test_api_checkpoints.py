@@ -135,6 +135,8 @@ def test_checkpoint_statistics_have_flinks_shape(client: TestClient) -> None:
                 "restore_timestamp": T0 + 5000,
                 "is_savepoint": False,
                 "external_path": "file:///tmp/chk/job-1/chk-2",
+                "state_restore_duration": 120.5,
+                "first_record_timestamp": T0 + 5900,
             },
         },
         "history": [IN_PROGRESS_6, COMPLETED_5],

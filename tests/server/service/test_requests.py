@@ -16,6 +16,7 @@ from sparkpoint_server.errors import (
     InvalidRequestError,
     JobNotFoundError,
 )
+from sparkpoint_server.storage.checkpoint_stats import checkpoint_statistics
 from sparkpoint_server.storage.models import Checkpoint, Job, Operation
 
 
@@ -89,6 +90,43 @@ def test_restore_to_checkpoint_n_starts_a_new_attempt_and_completes(harness: Har
     # Ids keep increasing after a restore.
     assert harness.trigger_periodic() == 4
     del second
+
+
+def _restored(h: Harness) -> dict[str, object]:
+    """``latest.restored`` of the job's checkpointing statistics, as the REST API serves it."""
+    with h.sessions() as s:
+        restored = checkpoint_statistics(s, h.job_id, 10)["latest"]["restored"]
+    assert isinstance(restored, dict)
+    return restored
+
+
+def _beat(h: Harness, attempt: int, epoch: int, **restore: float | int) -> None:
+    fields = dict(records=10, duration_ms=5.0, records_per_second=2.0, source_lag=0)
+    h.send(attempt, p.Heartbeat(epoch=epoch, host_time=h.clock.now_ms(), **fields, **restore))
+
+
+def test_the_latest_restore_shows_how_long_its_state_took_and_when_records_flowed(
+    harness: Harness,
+) -> None:
+    """The first epoch after a restore reports its timings; later epochs keep them; the next
+    restore starts without any until its own first epoch ends."""
+    harness.start(retained=3)
+    first, second = _completed(harness, 2)
+    harness.plane.restore(harness.job_id, first, None)
+    harness.send(2, p.JobRestored(checkpoint_id=first))
+    harness.running(2)
+    timings = ("state_restore_duration", "first_record_timestamp")
+    assert [_restored(harness)[k] for k in timings] == [None, None]
+    restored_at = _restored(harness)["restore_timestamp"]
+    assert isinstance(restored_at, int)
+    _beat(harness, 2, 1, restore_duration_ms=84.5, first_record_after_restore=restored_at + 700)
+    _beat(harness, 2, 2)  # an epoch that restored nothing leaves them as they are
+    assert [_restored(harness)[k] for k in timings] == [84.5, restored_at + 700]
+    harness.plane.restore(harness.job_id, second, None)
+    harness.send(3, p.JobRestored(checkpoint_id=second))
+    harness.running(3)
+    assert _restored(harness)["id"] == second
+    assert [_restored(harness)[k] for k in timings] == [None, None]
 
 
 def test_restore_refuses_unknown_missing_and_corrupt_checkpoints(harness: Harness) -> None:
