@@ -74,23 +74,21 @@ def _run(tmp_path: Path, name: str, build: Callable[[DataStream], DataStream]) -
     return out
 
 
-def test_a_count_ships_only_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _shipped_fields(monkeypatch)
-    out = _run(tmp_path, "count", lambda s: s.key_by("app_id").count(uid="pv", output="pv"))
-    assert seen and set(seen) == {frozenset({"app_id"})}
-    assert latest_pv(line_counts(out)) == true_counts(EVENTS, APPS)
-
-
-def test_a_partial_count_ships_its_key_and_weight(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("emit", "shipped"),
+    [
+        pytest.param("every", {"app_id"}, id="records"),
+        pytest.param("epoch", {"app_id", WEIGHT}, id="partial-counts"),
+    ],
+)
+def test_a_count_ships_only_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emit: str, shipped: set[str]
 ) -> None:
+    """Records ship their key alone; with ``emit="epoch"`` (50 apps repeat) partial counts
+    ship the key and its weight."""
     seen = _shipped_fields(monkeypatch)
-    out = _run(
-        tmp_path,
-        "partial",
-        lambda s: s.key_by("app_id").count(uid="pv", output="pv", emit="epoch"),
-    )
-    assert seen and set(seen) == {frozenset({"app_id", WEIGHT})}
+    out = _run(tmp_path, emit, lambda s: s.key_by("app_id").count(uid="pv", output="pv", emit=emit))
+    assert seen and set(seen) == {frozenset(shipped)}
     assert latest_pv(line_counts(out)) == true_counts(EVENTS, APPS)
 
 
