@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.records import Batch, Column, DictColumn, object_array
+from sparkpoint.records import Batch, Column, DictColumn, ascii_bytes, object_array, str_of_ascii
 
 __all__ = ["as_batch", "batch_from_arrow", "batch_to_arrow"]
 
@@ -153,17 +153,15 @@ def _ascii_to_arrow(values: np.ndarray) -> pa.Array | None:
     """A ``U`` array of ASCII text as an Arrow ``string`` array, laid out in numpy (a ``U``
     array holds a code point per 4 bytes; ASCII's UTF-8 is one byte per code point); None
     when a character is not ASCII."""
-    n, width = len(values), values.dtype.itemsize // 4
-    if not n or not width:
+    narrow = ascii_bytes(values)
+    if narrow is None:
         return None
-    points = np.ascontiguousarray(values).view(np.uint32).reshape(n, width)
-    if int(points.max()) >= 0x80:
-        return None
+    n, width = len(values), narrow.dtype.itemsize
     lengths = np.strings.str_len(values).astype(np.int64)
     total = int(lengths.sum())
     if total > _INT32_MAX:
         return None
-    chars = points.astype(np.uint8)
+    chars = narrow.view(np.uint8).reshape(n, width)
     data = chars.reshape(-1) if total == n * width else chars[np.arange(width) < lengths[:, None]]
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -275,7 +273,7 @@ def _strings_from_arrow(array: pa.Array) -> np.ndarray:
             return object_array(array.to_pylist())
         chars = np.zeros((n, width), dtype=np.uint8)
         chars[np.arange(width) < lengths[:, None]] = data
-        return chars.astype(np.uint32).view(f"U{width}").reshape(-1)
+        return str_of_ascii(chars.view(f"S{width}").reshape(-1))
     items = array.to_pylist()
     width = max(map(len, items))
     if n * width * 4 > _MAX_WIDTH_COST * (data.size + _STR_OBJECT_BYTES * n):

@@ -132,7 +132,7 @@ class DictColumn:
         # batch in the exchange, shares all its batch's values); ASCII str values as one byte
         # per character, not four.
         codes, values = _used(self.codes, self.values)
-        narrow = _ascii_bytes(values)
+        narrow = ascii_bytes(values)
         if narrow is not None:
             return (_dict_column_ascii, (codes, narrow))
         return (_dict_column, (codes, values))
@@ -163,9 +163,10 @@ def _used(codes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return renumbered[codes].astype(codes.dtype, copy=False), values[used]
 
 
-def _ascii_bytes(values: np.ndarray) -> np.ndarray | None:
+def ascii_bytes(values: np.ndarray) -> np.ndarray | None:
     """A ``U`` array whose characters are all ASCII as an ``S`` array of the same width (a
-    quarter of the bytes to pickle and ship), else None. Both pad with NULs alike."""
+    quarter of the bytes to pickle and ship; a byte per character), else None (also for an
+    empty or zero-width array). Both pad with NULs alike; :func:`str_of_ascii` undoes it."""
     width = values.dtype.itemsize // 4
     if values.dtype.kind != "U" or not values.size or not width:
         return None
@@ -175,11 +176,16 @@ def _ascii_bytes(values: np.ndarray) -> np.ndarray | None:
     return points.astype(np.uint8).view(f"S{width}").reshape(-1)
 
 
-def _dict_column_ascii(codes: np.ndarray, narrow: np.ndarray) -> DictColumn:
-    """Rebuild a :class:`DictColumn` pickled with :func:`_ascii_bytes` values (str again)."""
+def str_of_ascii(narrow: np.ndarray) -> np.ndarray:
+    """An ``S`` array of ASCII text as a ``U`` array of the same width (str again)."""
     width = narrow.dtype.itemsize
-    points = narrow.view(np.uint8).reshape(-1, width).astype(np.uint32)
-    return DictColumn._of(codes, points.view(f"U{width}").reshape(-1))
+    points = np.ascontiguousarray(narrow).view(np.uint8).reshape(-1, width).astype(np.uint32)
+    return points.view(f"U{width}").reshape(-1)
+
+
+def _dict_column_ascii(codes: np.ndarray, narrow: np.ndarray) -> DictColumn:
+    """Rebuild a :class:`DictColumn` pickled with :func:`ascii_bytes` values (str again)."""
+    return DictColumn._of(codes, str_of_ascii(narrow))
 
 
 @functools.lru_cache(maxsize=256)
