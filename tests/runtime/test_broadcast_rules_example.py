@@ -67,14 +67,16 @@ def test_every_subtask_holds_every_rule_and_events_wait_in_keyed_state(
     """Each rule reaches both subtasks (not one by key group); early checkpoints hold events
     that wait for their rule, so the run exercises both ways out of ``process_element``."""
     checkpoints = completed_checkpoint_dirs(clean[0], "clean", "bcast")
-    assert [broadcast_entries(c) for c in checkpoints[:5]] == [
-        {0: 100, 1: 100},
-        {0: 300, 1: 300},
-        {0: 500, 1: 500},
-        {0: CATEGORIES, 1: CATEGORIES},
-        {0: CATEGORIES, 1: CATEGORIES},
-    ]
-    summary = inspect_savepoint(str(checkpoints[1]))
+    held = [broadcast_entries(c) for c in checkpoints]
+    assert all(h[0] == h[1] for h in held), held  # both subtasks hold every rule
+    rules = [h[0] for h in held]
+    # A checkpoint per epoch, with the rules read so far: 100 in the first epoch, 200 in each
+    # after it. The first epoch carries no barrier when it was planned within the 1 ms
+    # interval of the job's start (a fast start), so the counts begin at 100 or at 300.
+    growing = [n for n in rules if n < CATEGORIES]
+    assert growing in ([100, 300, 500], [300, 500]), rules
+    assert rules[len(growing) :][:2] == [CATEGORIES, CATEGORIES], rules
+    summary = inspect_savepoint(str(checkpoints[rules.index(300)]))
     waiting = [
         (h.operator_id, state.entries)
         for h in summary.handles
