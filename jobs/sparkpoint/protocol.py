@@ -228,6 +228,13 @@ class SnapshotCompleted(_Model):
     sink_transactions: list[SinkTransactionModel] = []
     operator_state: list[OperatorStateModel] = []
     clock_flagged: bool = False  # a negative duration was clamped to 0
+    # What the barrier events of this subtask say, so that a connected driver sends the
+    # acknowledgement alone (``barrier_injected``, ``barrier_received`` and
+    # ``alignment_completed`` of a subtask that acknowledged in the same epoch stay out of the
+    # control plane's stream): when the subtask injected (a source) or first received the
+    # barrier (wall ms), and how many records its alignment held back. None from older jobs.
+    barrier_timestamp: Long | None = None
+    alignment_buffered_records: Size | None = None
 
 
 class CheckpointDeclined(_Model):

@@ -1,8 +1,9 @@
 """Control-plane event ingest: events per second from a Redis stream into the database.
 
 The stream is filled first with the events that running jobs send for each checkpoint
-(barriers injected and received, alignments, acknowledgements with handles, sink commits,
-heartbeats), for checkpoints the control plane triggered; then the real ingest path drains
+(acknowledgements with handles and their barrier's time and alignment, sink commits,
+heartbeats; and, for comparison in the same run, the barrier and alignment events apart, as
+jobs sent them before), for checkpoints the control plane triggered; then the real ingest path drains
 it: ``EventConsumer`` (XREADGROUP, decode, dead letters) → ``ControlPlane.handle_batch`` (one
 transaction per batch: coordinator, completions with ``_metadata`` files, rows) → XACK.
 Batch sizes are compared within one run, on SQLite (the default) and on PostgreSQL. With
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -43,6 +45,11 @@ from sparkpoint_server.storage.models import Checkpoint
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_pv import write_results
 
+# The two event mixes: what connected jobs send now, and before their acknowledgements
+# carried the barrier events.
+FOLDED, APART = "in the acks", "apart"
+MIXES = (APART, FOLDED)
+
 
 def vertices(parallelism: int) -> list[p.VertexModel]:
     return [
@@ -54,14 +61,15 @@ def vertices(parallelism: int) -> list[p.VertexModel]:
 
 
 def checkpoint_events(
-    job: str, cid: int, now: int, handle: p.StateHandleModel, parallelism: int
+    job: str, cid: int, now: int, handle: p.StateHandleModel, parallelism: int, folded: bool
 ) -> list[Any]:
-    """What one job sends for one checkpoint: with parallelism n, n barriers injected, n
-    received (a keyed subtask reports the first barrier of its input, not every channel's),
-    n alignments, 2n acknowledgements, n sink commits, a heartbeat: 25 events for n = 4, 97
-    for n = 16."""
+    """What one job sends for one checkpoint with parallelism n. ``folded`` (connected jobs
+    since the acknowledgements carry their barrier events): 2n acknowledgements, n sink
+    commits, a heartbeat, 13 events for n = 4 and 49 for n = 16. Otherwise (before): n
+    barriers injected, n received (a keyed subtask reports the first barrier of its input,
+    not every channel's), n alignments, then the same: 25 events for n = 4, 97 for n = 16."""
     out: list[Any] = []
-    for i in range(parallelism):
+    for i in range(parallelism if not folded else 0):
         out.append(
             p.BarrierInjected(
                 checkpoint_id=cid,
@@ -73,7 +81,7 @@ def checkpoint_events(
                 timestamp=now,
             )
         )
-    for i in range(parallelism):
+    for i in range(parallelism if not folded else 0):
         out.append(
             p.BarrierReceived(
                 checkpoint_id=cid, operator_id="pv", subtask=i, channel=0, timestamp=now
@@ -112,6 +120,8 @@ def checkpoint_events(
                     ]
                     if op == "pv"
                     else [],
+                    barrier_timestamp=now if folded else None,
+                    alignment_buffered_records=(10 if op == "pv" else 0) if folded else None,
                 )
             )
     out += [
@@ -142,6 +152,7 @@ def run_once(
     base: str,
     parallelism: int = 4,
     signed: bool = False,
+    folded: bool = True,
 ) -> dict[str, float]:
     """Register jobs, trigger their checkpoints, fill the stream, then time the drain."""
     migrate(database_url)
@@ -204,7 +215,7 @@ def run_once(
             handle = storage.write_state(job, cid, "state", b"x" * 4096)
             envelopes += [
                 p.envelope(job, 1, now, e)
-                for e in checkpoint_events(job, cid, now, handle, parallelism)
+                for e in checkpoint_events(job, cid, now, handle, parallelism, folded)
             ]
         sink.publish(envelopes)
         total += len(envelopes)
@@ -251,6 +262,7 @@ def measure_in_process(args: argparse.Namespace) -> int:
             base,
             args.parallelism,
             args.signed,
+            not args.apart,
         )
     print(json.dumps(result))
     return 0
@@ -272,6 +284,7 @@ def main() -> int:
         "--signed", action="store_true", help="sign the events and verify them (as the server)"
     )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--apart", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1000, help=argparse.SUPPRESS)
     parser.add_argument("--parallelism", type=int, default=4, help=argparse.SUPPRESS)
@@ -289,8 +302,8 @@ def main() -> int:
             (16, max(1, args.checkpoints // 8)),
         ):
             for batch in (100, 1000):
-                for db in ("sqlite", "postgresql"):
-                    label = f"{parallelism}+{parallelism} | {db} | {batch}"
+                for db, mix in itertools.product(("sqlite", "postgresql"), MIXES):
+                    label = f"{parallelism}+{parallelism} | {db} | {batch} | {mix}"
                     command = [
                         sys.executable,
                         __file__,
@@ -306,6 +319,7 @@ def main() -> int:
                         "--redis-url",
                         args.redis_url,
                         *(["--signed"] if args.signed else []),
+                        *(["--apart"] if mix == APART else []),
                     ]
                     pg_name = f"sparkpoint_bench_{uuid.uuid4().hex[:8]}"
                     if db == "postgresql":
@@ -330,25 +344,37 @@ def main() -> int:
                     )
     admin.dispose()
     rows = [
-        "| parallelism | database | XREADGROUP batch | events | completions | median events/s "
-        "| runs (events/s) | median completions/s |",
-        "|---|---|---:|---:|---:|---:|---|---:|",
+        "| parallelism | database | XREADGROUP batch | barrier events | events | completions "
+        "| median events/s | runs (events/s) | median completions/s |",
+        "|---|---|---:|---|---:|---:|---:|---|---:|",
     ]
+    completions_per_s = {}
     for label, results in runs.items():
         rates = sorted(r["events_per_s"] for r in results)
         per_completion = results[0]["events"] / results[0]["completions"]
+        completions_per_s[label] = statistics.median(rates) / per_completion
         rows.append(
             f"| {label} | {results[0]['events']:,.0f} | {results[0]['completions']:,.0f} "
             f"| {statistics.median(rates):,.0f} | {', '.join(f'{x:,.0f}' for x in rates)} "
-            f"| {statistics.median(rates) / per_completion:,.0f} |"
+            f"| {completions_per_s[label]:,.0f} |"
         )
+    rows.append("")
+    for label, rate in completions_per_s.items():
+        if label.endswith(FOLDED):
+            before = completions_per_s[label.removesuffix(FOLDED) + APART]
+            config = label.removesuffix(f" | {FOLDED}")
+            rows.append(
+                f"- {config}: completed checkpoints per second with the barrier events in the "
+                f"acks / apart = **{rate / before:.2f}**"
+            )
     table = "\n".join(
         [
             f"Control-plane ingest from Redis into the database, {args.jobs} jobs; per job and "
-            "checkpoint: n barriers injected, n received, n alignments, 2n "
-            "acknowledgements, n sink commits, one heartbeat (25 events for n = 4, 97 for "
-            "n = 16); every checkpoint completes (`_metadata` written, rows, notification, "
-            "retention deletes the subsumed one's files). "
+            "checkpoint, as connected jobs send them: 2n acknowledgements carrying the "
+            "barrier's time and alignment, n sink commits, one heartbeat (13 events for n = 4, "
+            "49 for n = 16); before (barrier events apart): n barriers injected, n received, "
+            "n alignments besides (25 and 97 events). Every checkpoint completes (`_metadata` "
+            "written, rows, notification, retention deletes the subsumed one's files). "
             + (
                 "Events signed by the jobs and verified by the ingest, as in the server. "
                 if args.signed

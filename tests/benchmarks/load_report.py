@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 EVENT_SETS = {
-    False: "barriers injected, acks, sink commits, heartbeats",
+    False: "acks carrying their barrier events, sink commits, heartbeats",
     True: "barriers injected and received, alignments, acks, sink commits, heartbeats",
 }
 PHASES = (

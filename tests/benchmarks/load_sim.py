@@ -4,9 +4,11 @@ Each :class:`SimulatedJob` does what a connected driver does (``runtime/connecte
 opens its command stream (consumer group ``job``), registers under attempt 0 with a graph of
 two vertices (``source`` and ``pv -> sink``, parallelism n each), obeys the ``restore`` that
 starts attempt 1 (``job_restored``, then ``RUNNING``), and answers every checkpoint the control
-plane triggers: n ``barrier_injected`` at once, then, after ``ack_delay_ms``, 2n
-``snapshot_completed`` (inline state handles, source positions, sink transactions) and, with
-``full_events``, the n ``barrier_received`` (one per keyed subtask: its input's first) and n
+plane triggers: after ``ack_delay_ms``, 2n ``snapshot_completed`` (inline state handles,
+source positions, sink transactions, and the barrier's time and alignment, which a connected
+job's acknowledgements carry) and, with ``full_events`` (what jobs sent before they folded
+their barrier events into the acknowledgements), n ``barrier_injected`` at once and, with the
+acknowledgements, the n ``barrier_received`` (one per keyed subtask: its input's first) and n
 ``alignment_completed`` of a keyed shuffle; on ``checkpoint_complete`` its sinks commit (n
 ``sink_committed``). It sends a metrics ``heartbeat`` every second (one per epoch) and a
 ``driver_heartbeat`` every ``heartbeat_interval_ms``.
@@ -140,6 +142,8 @@ class SimulatedJob:
                         alignment_buffered_bytes=0,
                         sync_duration_ms=1.0,
                         async_duration_ms=1.0,
+                        barrier_timestamp=trigger_ts,
+                        alignment_buffered_records=0,
                         state_size=self.handle.size if op == "pv" else 0,
                         checkpointed_size=self.handle.size if op == "pv" else 0,
                         handles=[self.handle] if op == "pv" else [],
@@ -300,7 +304,8 @@ class Simulator:
                 return  # a trigger sent again after a control-plane restart
             cid = cmd.checkpoint_id
             times = job.triggers[cid] = [cmd.trigger_timestamp, entry_ms, ts, 0]
-            self._send(job, list(job.barriers(cid, ts)), ts)
+            if self.full_events:
+                self._send(job, list(job.barriers(cid, ts)), ts)
             attempt = job.attempt
 
             def snapshot() -> None:

@@ -143,9 +143,20 @@ def test_a_connected_job_commits_the_output_of_a_standalone_run(
     assert [(ev.spark_application_id, ev.spark_ui_url) for ev in running] == [
         (sc.applicationId, sc.uiWebUrl)
     ] * 2
-    carried = {
-        ev.checkpoint_id: (env.attempt, ev.epoch) for env, ev in cp.of_type(p.BarrierInjected)
+    # The acknowledgements stand for their subtasks' barrier events: none reaches the control
+    # plane, and each acknowledgement says when its subtask injected or received the barrier
+    # (in the epoch of its checkpoint) and what its alignment held back.
+    acks = [(env, ev) for env, ev in cp.of_type(p.SnapshotCompleted)]
+    assert acks and not job_types(cp) & {
+        "barrier_injected",
+        "barrier_received",
+        "alignment_completed",
+        "sink_pre_committed",
     }
+    for _, ack in acks:
+        assert ack.barrier_timestamp is not None and ack.alignment_buffered_records is not None
+        assert ack.barrier_timestamp <= ack.ack_timestamp
+    carried = {ev.checkpoint_id: (env.attempt, ev.epoch) for env, ev in acks if ev.source_positions}
     assert set(cp.completed) <= set(carried)
     tracker = sc.statusTracker()
     for attempt, epoch in carried.values():
@@ -191,7 +202,8 @@ def test_a_failure_is_restored_by_the_control_plane_and_stale_commands_are_ignor
     )
     assert stale and _entry(group["last-delivered-id"]) >= _entry(stale[0])
     assert group["pending"] == 0
-    assert 999 not in {ev.checkpoint_id for _, ev in cp.of_type(p.BarrierInjected)}
+    barriers = [*cp.of_type(p.BarrierInjected), *cp.of_type(p.SnapshotCompleted)]
+    assert 999 not in {ev.checkpoint_id for _, ev in barriers}
 
 
 def test_restoring_an_earlier_checkpoint_while_running_replays_from_it(

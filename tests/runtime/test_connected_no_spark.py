@@ -23,7 +23,7 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.driver import JobDriver
-from sparkpoint.runtime.execution import EpochRunner
+from sparkpoint.runtime.execution import EpochRunner, unacknowledged
 from sparkpoint.runtime.heartbeats import heartbeat_interval_ms, previous_failure
 from sparkpoint.signing import JOB_KEY_ENV, Signer
 from sparkpoint.transport import FIELD, Streams, send_command
@@ -151,3 +151,51 @@ def test_a_signal_cancels_a_running_job_at_the_next_epoch_boundary(
     driver.authority.close()
     assert _statuses(client, streams) == ["RUNNING", "CANCELLING", "CANCELED"]
     assert driver.job.epoch == 0
+
+
+def test_only_the_barrier_events_of_subtasks_that_acknowledged_are_left_to_their_acks() -> None:
+    """A connected job leaves out the barrier, alignment and pre-commit events of a subtask
+    whose acknowledgement of that checkpoint goes out in the same epoch; a subtask that
+    declined (or another checkpoint's events) keeps them: they say how far it got."""
+
+    def received(cid: int, op: str, i: int) -> p.BarrierReceived:
+        return p.BarrierReceived(
+            checkpoint_id=cid, operator_id=op, subtask=i, channel=0, timestamp=1
+        )
+
+    def ack(cid: int, op: str, i: int) -> p.SnapshotCompleted:
+        return p.SnapshotCompleted(
+            checkpoint_id=cid,
+            operator_id=op,
+            subtask=i,
+            epoch=3,
+            ack_timestamp=2,
+            start_delay_ms=0,
+            alignment_duration_ms=0,
+            alignment_buffered_bytes=0,
+            sync_duration_ms=0,
+            async_duration_ms=0,
+            state_size=0,
+            checkpointed_size=0,
+        )
+
+    pre_commit = p.SinkPreCommitted(
+        checkpoint_id=4,
+        operator_id="pv",
+        subtask=0,
+        transaction=p.SinkTransactionModel(transaction_id="t", parts=[]),
+    )
+    failed = p.TaskFailed(operator_id="pv", subtask=1, epoch=3, cause="boom")
+    events = [
+        received(4, "pv", 0),
+        pre_commit,
+        received(4, "pv", 1),  # pv[1] declined checkpoint 4
+        received(5, "pv", 0),  # checkpoint 5 not acknowledged in this epoch
+        failed,
+    ]
+    assert unacknowledged(events, [ack(4, "pv", 0)]) == [
+        received(4, "pv", 1),
+        received(5, "pv", 0),
+        failed,
+    ]
+    assert unacknowledged(events, []) == events

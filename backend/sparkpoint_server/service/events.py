@@ -406,7 +406,14 @@ class EventApplier:
             clock_flagged=ack.clock_flagged
             or (trigger_ts is not None and ack.ack_timestamp < trigger_ts),
             ack=env.payload,  # the wire form: what recovery validates back
+            # A connected job sends the barrier events of an acknowledging subtask inside its
+            # acknowledgement (``SnapshotCompleted.barrier_timestamp``); an older one, apart.
+            barrier_timestamp=ack.barrier_timestamp,
+            alignment_buffered_records=ack.alignment_buffered_records,
         )
+        if ack.barrier_timestamp is not None and ack.source_positions:
+            # A source acknowledges in the epoch that injected its barrier (BarrierInjected).
+            batch.writer.checkpoint(rt.job_id, ack.checkpoint_id, epoch=ack.epoch)
         if result.discarded:  # a late acknowledgement of an aborted checkpoint
             storage, job_id, cid = rt.storage, rt.job_id, ack.checkpoint_id
             batch.later(lambda: storage.discard(job_id, cid))

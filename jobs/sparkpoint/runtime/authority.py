@@ -70,6 +70,8 @@ class Authority(abc.ABC):
     """
 
     _cancel_requested = False
+    #: ``EpochListener.acks_carry_barrier_events``: a standalone job publishes every event.
+    acks_carry_barrier_events = False
 
     @abc.abstractmethod
     def prepare(self) -> None:

@@ -85,6 +85,9 @@ class ControlPlaneTimeoutError(SparkpointError):
 class ControlPlaneAuthority(Authority):
     """Runs a job as the control plane commands (see the module docstring)."""
 
+    # The control plane reads a subtask's barrier time and alignment from its acknowledgement.
+    acks_carry_barrier_events = True
+
     def __init__(
         self,
         job: JobExecution,

@@ -51,6 +51,13 @@ class EpochListener(Protocol):
     :class:`~sparkpoint.errors.InjectedFailure`: the epoch then counts as failed.
     """
 
+    #: Whether an acknowledgement stands for its subtask's barrier events (the control plane
+    #: reads the barrier's time and the alignment from the acknowledgement): then the barrier,
+    #: alignment and pre-commit events of a subtask that acknowledged in the same epoch are not
+    #: published, which halves what a checkpoint sends to the control plane. A standalone job
+    #: keeps every event (its events log, its console).
+    acks_carry_barrier_events: bool
+
     def before_acks(self) -> None:
         """Positions and working state are accepted; the tasks' events come next."""
 
@@ -65,6 +72,31 @@ class EpochListener(Protocol):
 
     def after_epoch(self, epoch: int) -> None:
         """The heartbeat is out; the epoch is accepted unless this raises."""
+
+
+#: The events of a subtask that its acknowledgement stands for (``acks_carry_barrier_events``).
+CARRIED_BY_ACKS = (
+    p.BarrierInjected,
+    p.BarrierReceived,
+    p.AlignmentCompleted,
+    p.SinkPreCommitted,
+)
+
+
+def unacknowledged(events: Iterable[Any], acks: Iterable[p.SnapshotCompleted]) -> list[Any]:
+    """``events`` without the barrier, alignment and pre-commit events of the subtasks that
+    acknowledged their checkpoint in ``acks``: the acknowledgement carries the barrier's
+    time, the alignment and the sink transactions. A subtask that declined, or failed before
+    acknowledging, keeps its events (they say how far it got)."""
+    acked = {(a.checkpoint_id, a.operator_id, a.subtask) for a in acks}
+    return [
+        ev
+        for ev in events
+        if not (
+            isinstance(ev, CARRIED_BY_ACKS)
+            and (ev.checkpoint_id, ev.operator_id, ev.subtask) in acked
+        )
+    ]
 
 
 SWEEP_AFTER_RESTORE_MS = 60_000
@@ -243,7 +275,10 @@ class JobExecution:
         listener.before_acks()
         order = {uid: i for i, uid in enumerate(self.graph.tasks())}  # sources first
         ordered = sorted(by_task.values(), key=lambda r: (order[r.operator_id], r.subtask))
-        self.publish(*(ev for r in ordered for ev in r.events))
+        events = [ev for r in ordered for ev in r.events]
+        if listener.acks_carry_barrier_events:
+            events = unacknowledged(events, (ack for r in ordered for ack in r.acks))
+        self.publish(*events)
         for r in ordered:
             for decline in r.declines:
                 self.publish(decline)

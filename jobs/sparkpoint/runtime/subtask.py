@@ -260,6 +260,8 @@ class SubtaskCheckpointer:
                 sink_transactions=f.sinks,
                 operator_state=f.operator_state,
                 clock_flagged=raw_delay < 0,
+                barrier_timestamp=f.first_barrier_wall,
+                alignment_buffered_records=al.buffered_records if al else 0,
             )
         )
 

@@ -219,3 +219,78 @@ def test_a_job_that_gives_up_by_itself_ends_failed(harness: Harness) -> None:
         assert job is not None and job.status == "FAILED"
         row = s.get(Checkpoint, (harness.job_id, 1))
         assert row is not None and row.status == "FAILED"  # nothing pending survives the job
+
+
+def test_an_acknowledgement_carrying_the_barrier_events_fills_the_rows_they_filled(
+    harness: Harness,
+) -> None:
+    """A connected job sends an acknowledging subtask's barrier and alignment inside its
+    acknowledgement; an older job sends them apart. Both give the same rows: the barrier's
+    time, the records the alignment held back, and the epoch that carried the barrier."""
+    harness.start()
+    at = harness.clock.now_ms()
+    rows = {}
+    for folded in (False, True):
+        cid = harness.trigger_periodic()
+        barriers: list[object] = []
+        acks = []
+        for op, n in (("source", 2), ("pv", 2)):
+            for i in range(n):
+                ack = harness.ack(1, cid, op, i)
+                barrier_at, held = at + 10 * i + (5 if op == "pv" else 0), 7 * (i + 1)
+                if folded:
+                    ack = ack.model_copy(
+                        update={"barrier_timestamp": barrier_at, "alignment_buffered_records": held}
+                    )
+                elif op == "source":
+                    barriers.append(
+                        p.BarrierInjected(
+                            checkpoint_id=cid,
+                            operator_id=op,
+                            subtask=i,
+                            epoch=cid,
+                            split_id=f"split-{i}",
+                            offset=cid * 100,
+                            timestamp=barrier_at,
+                        )
+                    )
+                else:
+                    barriers += [
+                        p.BarrierReceived(
+                            checkpoint_id=cid,
+                            operator_id=op,
+                            subtask=i,
+                            channel=0,
+                            timestamp=barrier_at,
+                        ),
+                        p.AlignmentCompleted(
+                            checkpoint_id=cid,
+                            operator_id=op,
+                            subtask=i,
+                            duration_ms=2.0,
+                            buffered_bytes=10,
+                            buffered_records=held,
+                        ),
+                    ]
+                acks.append(ack)
+        harness.send(1, *barriers, *acks)
+        row = _row(harness, cid)
+        assert row.status == "COMPLETED" and row.epoch == cid
+        with harness.sessions() as s:
+            subtasks = s.scalars(
+                select(CheckpointSubtask).where(
+                    CheckpointSubtask.job_id == harness.job_id,
+                    CheckpointSubtask.checkpoint_id == cid,
+                )
+            ).all()
+        rows[folded] = {
+            (t.operator_id, t.subtask): (
+                t.barrier_timestamp,
+                t.alignment_duration,
+                t.alignment_buffered,
+                t.alignment_buffered_records if t.operator_id == "pv" else None,
+            )
+            for t in subtasks
+        }
+    assert rows[True] == rows[False]
+    assert rows[True][("pv", 1)] == (at + 15, 2.0, 10, 14)
