@@ -148,6 +148,8 @@ def test_restore_lines() -> None:
         "file:///cp/chk-9"
     )
     assert _find(lines, dcc.Link)[0].href == f"/jobs/{JOB}/checkpoints/9"
+    ended = {**from_cp, "epoch_reported": True}  # the first epoch ended without timings
+    assert restore_timings(ended) == "timings: none reported (no keyed state was restored)"
     reported = {**from_cp, "state_restore_duration": 84.5, "first_record_timestamp": NOW - 1_300}
     assert restore_timings(reported) == (
         "state restored in 84 ms (slowest subtask); first record 700 ms after the restore"

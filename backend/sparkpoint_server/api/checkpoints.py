@@ -59,7 +59,9 @@ SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
     "null while they have not, or when it had no sink transaction). `latest.restored` also "
     "has `state_restore_duration` (ms: the slowest keyed subtask's state restore) and "
     "`first_record_timestamp` (when the job processed its first record after the restore, "
-    "the executors' clock), both null until the first epoch after the restore ends.",
+    "the executors' clock), both null until the first epoch after the restore ends, and "
+    "`epoch_reported` (whether it has ended: null timings then mean that no keyed state was "
+    "restored).",
     response_model=None,
     responses={**answer(CheckpointStatistics), **errors(404)},
 )

@@ -13,17 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Row, bindparam, func, select
+from sqlalchemy import Row, bindparam, exists, func, select
 from sqlalchemy.orm import Session
 
 from sparkpoint.protocol import spark_job_group
 from sparkpoint_server.errors import CheckpointNotFoundError, JobNotFoundError
 from sparkpoint_server.storage.checkpoint_summary import CheckpointSummaries, min_max_avg
-from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
+from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Heartbeat, Job
 
 C = Checkpoint.__table__.c
 S = CheckpointSubtask.__table__.c
 J = Job.__table__.c
+H = Heartbeat.__table__.c
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -75,6 +76,8 @@ _JOB_STATEMENT = select(
     J.restored_path,
     J.restored_state_ms,
     J.restored_first_record,
+    # Whether an epoch of the current attempt (every restore starts one) has reported.
+    exists().where(H.job_id == J.job_id, H.attempt == J.attempt).label("attempt_reported"),
 ).where(J.job_id == bindparam("job_id"))
 _COUNTS_STATEMENT = select(
     _of_job(func.count(), COMPLETED).label("completed"),
@@ -162,6 +165,9 @@ def checkpoint_statistics(
             # first epoch ends): the slowest subtask's state restore and the first record.
             "state_restore_duration": job.restored_state_ms,
             "first_record_timestamp": job.restored_first_record,
+            # Whether that first epoch has ended: then null timings mean it restored no keyed
+            # state (a job without any, a restore from the beginning).
+            "epoch_reported": bool(job.attempt_reported),
         }
     return {
         "counts": {

@@ -194,6 +194,8 @@ def restore_timings(restored: dict[str, Any]) -> str:
     restore the job processed its first record (reported by the first epoch after it)."""
     state_ms, first = restored.get("state_restore_duration"), restored.get("first_record_timestamp")
     if state_ms is None and first is None:
+        if restored.get("epoch_reported"):
+            return "timings: none reported (no keyed state was restored)"
         return "timings: the first epoch after the restore has not reported yet"
     parts = []
     if state_ms is not None:

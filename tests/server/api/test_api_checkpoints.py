@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from .builders import T0, add_job, add_operation
+from .builders import T0, add_heartbeat, add_job, add_operation
 from .conftest import AppFactory
 
 
@@ -137,10 +137,30 @@ def test_checkpoint_statistics_have_flinks_shape(client: TestClient) -> None:
                 "external_path": "file:///tmp/chk/job-1/chk-2",
                 "state_restore_duration": 120.5,
                 "first_record_timestamp": T0 + 5900,
+                "epoch_reported": False,  # no heartbeat of the job's attempt stored here
             },
         },
         "history": [IN_PROGRESS_6, COMPLETED_5],
     }
+
+
+@pytest.mark.usefixtures("history")
+def test_the_latest_restore_says_once_the_restored_attempt_has_reported_an_epoch(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    def reported() -> bool:
+        restored = client.get("/jobs/job-1/checkpoints").json()["latest"]["restored"]
+        return bool(restored["epoch_reported"])
+
+    assert not reported()
+    with sessions() as s:
+        add_heartbeat(s, 7, 1)  # an epoch of another attempt says nothing about this one
+        s.commit()
+    assert not reported()
+    with sessions() as s:
+        add_heartbeat(s, 1, 12)  # the job's attempt (the restored one) ended an epoch
+        s.commit()
+    assert reported()
 
 
 @pytest.mark.usefixtures("history")

@@ -115,18 +115,20 @@ def test_the_latest_restore_shows_how_long_its_state_took_and_when_records_flowe
     harness.plane.restore(harness.job_id, first, None)
     harness.send(2, p.JobRestored(checkpoint_id=first))
     harness.running(2)
-    timings = ("state_restore_duration", "first_record_timestamp")
-    assert [_restored(harness)[k] for k in timings] == [None, None]
+    timings = ("state_restore_duration", "first_record_timestamp", "epoch_reported")
+    assert [_restored(harness)[k] for k in timings] == [None, None, False]
     restored_at = _restored(harness)["restore_timestamp"]
     assert isinstance(restored_at, int)
     _beat(harness, 2, 1, restore_duration_ms=84.5, first_record_after_restore=restored_at + 700)
     _beat(harness, 2, 2)  # an epoch that restored nothing leaves them as they are
-    assert [_restored(harness)[k] for k in timings] == [84.5, restored_at + 700]
+    assert [_restored(harness)[k] for k in timings] == [84.5, restored_at + 700, True]
     harness.plane.restore(harness.job_id, second, None)
     harness.send(3, p.JobRestored(checkpoint_id=second))
     harness.running(3)
     assert _restored(harness)["id"] == second
-    assert [_restored(harness)[k] for k in timings] == [None, None]
+    assert [_restored(harness)[k] for k in timings] == [None, None, False]
+    _beat(harness, 3, 1)  # its first epoch ended, restoring no keyed state (none reported)
+    assert [_restored(harness)[k] for k in timings] == [None, None, True]
 
 
 def test_restore_refuses_unknown_missing_and_corrupt_checkpoints(harness: Harness) -> None:
