@@ -4,8 +4,9 @@ The stream is filled first with the events that running jobs send for each check
 (acknowledgements with handles and their barrier's time and alignment, sink commits,
 heartbeats; and, for comparison in the same run, the barrier and alignment events apart, as
 jobs sent them before), for checkpoints the control plane triggered; then the real ingest
-path drains it: ``EventConsumer`` (XREADGROUP, decode, dead letters) → ``ControlPlane.handle_batch`` (one
-transaction per batch: coordinator, completions with ``_metadata`` files, rows) → XACK.
+path drains it: ``EventConsumer`` (XREADGROUP, decode, dead letters) →
+``ControlPlane.handle_batch`` (one transaction per batch: coordinator, completions with
+``_metadata`` files, rows) → XACK.
 Batch sizes are compared within one run, on SQLite (the default) and on PostgreSQL. With
 ``--signed`` the events are signed as a job signs them and the consumer verifies them, as the
 server's ingest does (``sparkpoint.signing``; every sender's sequence numbers are checked).
