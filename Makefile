@@ -97,8 +97,7 @@ bench-state: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_state.py $(STATE_ARGS)
 
 # The PV job with 40 and with 1,000,000 keys on both state backends, 4 M and 20 M events
-# (~12 min); writes
-# tests/benchmarks/results/pv_keys.md and .json.
+# (~12 min); writes tests/benchmarks/results/pv_keys.md and .json.
 bench-pv-keys: $(VENV)/.installed
 	$(PY) tests/benchmarks/bench_pv_keys.py
 
