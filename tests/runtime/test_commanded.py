@@ -10,6 +10,8 @@ from sparkpoint.runtime.commanded import (
     QueuedBarrier,
 )
 
+from ..support.acks import bare_ack
+
 
 def _queued(cid: int, *, final: bool = False, stop: bool = False) -> QueuedBarrier:
     kind = p.CheckpointKind.SAVEPOINT if stop else p.CheckpointKind.CHECKPOINT
@@ -17,20 +19,7 @@ def _queued(cid: int, *, final: bool = False, stop: bool = False) -> QueuedBarri
 
 
 def _ack(cid: int, subtask: int = 0) -> p.SnapshotCompleted:
-    return p.SnapshotCompleted(
-        checkpoint_id=cid,
-        operator_id="pv",
-        subtask=subtask,
-        epoch=cid,
-        ack_timestamp=0,
-        start_delay_ms=0,
-        alignment_duration_ms=0,
-        alignment_buffered_bytes=0,
-        sync_duration_ms=0,
-        async_duration_ms=0,
-        state_size=0,
-        checkpointed_size=0,
-    )
+    return bare_ack(cid, "pv", subtask, epoch=cid)
 
 
 def _take(state: CommandedCheckpoints) -> QueuedBarrier:

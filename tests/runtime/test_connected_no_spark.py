@@ -28,6 +28,7 @@ from sparkpoint.runtime.heartbeats import heartbeat_interval_ms, previous_failur
 from sparkpoint.signing import JOB_KEY_ENV, Signer
 from sparkpoint.transport import FIELD, Streams, send_command
 
+from ..support.acks import bare_ack
 from ..support.redis_server import REDIS_URL
 from ..support.waiting import wait_for
 
@@ -163,22 +164,6 @@ def test_only_the_barrier_events_of_subtasks_that_acknowledged_are_left_to_their
             checkpoint_id=cid, operator_id=op, subtask=i, channel=0, timestamp=1
         )
 
-    def ack(cid: int, op: str, i: int) -> p.SnapshotCompleted:
-        return p.SnapshotCompleted(
-            checkpoint_id=cid,
-            operator_id=op,
-            subtask=i,
-            epoch=3,
-            ack_timestamp=2,
-            start_delay_ms=0,
-            alignment_duration_ms=0,
-            alignment_buffered_bytes=0,
-            sync_duration_ms=0,
-            async_duration_ms=0,
-            state_size=0,
-            checkpointed_size=0,
-        )
-
     pre_commit = p.SinkPreCommitted(
         checkpoint_id=4,
         operator_id="pv",
@@ -193,7 +178,7 @@ def test_only_the_barrier_events_of_subtasks_that_acknowledged_are_left_to_their
         received(5, "pv", 0),  # checkpoint 5 not acknowledged in this epoch
         failed,
     ]
-    assert unacknowledged(events, [ack(4, "pv", 0)]) == [
+    assert unacknowledged(events, [bare_ack(4, "pv", 0, epoch=3)]) == [
         received(4, "pv", 1),
         received(5, "pv", 0),
         failed,
