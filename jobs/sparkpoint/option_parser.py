@@ -287,7 +287,11 @@ def product_parser() -> argparse.ArgumentParser:
 
     testing = p.add_argument_group("testing (failure injection)")
     testing.add_argument(
-        "--fail-after", type=int, metavar="RECORDS", help="attempt 1 fails after RECORDS"
+        "--fail-after",
+        type=int,
+        metavar="RECORDS",
+        help="attempt 1 fails once the first split of the first source has read RECORDS "
+        "records (a test of recovery; a warning says when the split ended before)",
     )
     testing.add_argument(
         "--crash-after-checkpoint",

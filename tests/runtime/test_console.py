@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
+
+import pytest
 
 from sparkpoint import protocol as p
+from sparkpoint.connectors.sinks import FileSink
+from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.console import Console, ConsoleEventSink
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.runtime.driver import JobDriver
+
+from .pv_harness import job_options
 
 
 def _sink(**console: object) -> tuple[ConsoleEventSink, io.StringIO]:
@@ -81,3 +90,31 @@ def test_json_lines_carry_the_event_and_its_fields() -> None:
     assert first["job"] == "job-1" and first["duration_ms"] == 250.0
     assert (second["event"], second["level"], second["epoch"]) == ("task_failed", "error", 3)
     assert second["cause"].startswith("ValueError: bad record")
+
+
+@pytest.mark.parametrize(("fail_after", "warned"), [(150, False), (300, True)])
+def test_a_fail_after_beyond_the_first_split_is_named_as_injecting_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fail_after: int, warned: bool
+) -> None:
+    """``--fail-after`` fails the first split of the first source: with 2 splits of 200
+    records, 150 fails and restores the job; 300 never fires, and the job says so."""
+    options = job_options(
+        f"fail-{fail_after}", tmp_path, "job", epoch_records=50, fail_after=fail_after
+    )
+    env = StreamExecutionEnvironment(options)
+    source = GeneratorSource(events=400, apps=5, rate=0, splits=2)
+    env.from_source(source, uid="events").sink_to(FileSink(str(tmp_path / "out")), uid="sink")
+    result = JobDriver(env.graph, options, in_process=True).run()
+    assert result.status is p.JobStatus.FINISHED and result.records >= 400
+    assert len(result.restores) == (0 if warned else 1)
+    lines = capsys.readouterr().err.splitlines()
+    said = [line for line in lines if "injected no failure" in line]
+    assert said == (
+        [
+            f"sparkpoint fail-{fail_after}: WARNING: --fail-after {fail_after} injected no "
+            "failure: it fails the job once the first split of its first source has read "
+            f"{fail_after} records, and that split ended before; ask for fewer records"
+        ]
+        if warned
+        else []
+    )

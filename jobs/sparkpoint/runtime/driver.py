@@ -198,6 +198,7 @@ class JobDriver:
                     len(job.completed),
                     len(job.restores),
                 )
+                self._unfired_failure(job)
         canceled_by = self._signals.received if self._signals else []
         if job.status is p.JobStatus.CANCELED and canceled_by:
             raise JobCanceledError(
@@ -216,6 +217,20 @@ class JobDriver:
             events=self.memory,
             region_restores=list(job.region_restores),
         )
+
+    def _unfired_failure(self, job: JobExecution) -> None:
+        """Say so when ``--fail-after`` asked for a failure that never happened: it fires in
+        the first source split, which may hold fewer records than the job."""
+        after = self.options.fail_after
+        if after is not None and job.status is p.JobStatus.FINISHED and job.attempt == 1:
+            self.console.line(
+                "failure_not_injected",
+                f"--fail-after {after:,} injected no failure: it fails the job once the first "
+                f"split of its first source has read {after:,} records, and that split ended "
+                "before; ask for fewer records",
+                level="warning",
+                fail_after=after,
+            )
 
     def _run(self, job: JobExecution) -> None:
         """The steps of :meth:`run`."""
