@@ -357,7 +357,12 @@ class CommandChannel:
         _retrying(create_or_move, f"open command stream {self.stream}", self.client)
 
     def read(
-        self, block_ms: int | None = None, count: int = 100, client: redis.Redis | None = None
+        self,
+        block_ms: int | None = None,
+        count: int = 100,
+        client: redis.Redis | None = None,
+        *,
+        retry_for_s: float = RETRY_FOR_S,
     ) -> list[ReceivedMessage]:
         """The next commands, in order; acknowledge each with :meth:`ack` once obeyed.
 
@@ -367,31 +372,33 @@ class CommandChannel:
             count: The most commands to return.
             client: Read on this client instead (a connection of its own, whose blocking
                 read another client can end with ``CLIENT UNBLOCK``).
+            retry_for_s: Keep trying this long while Redis is unreachable (it restarts:
+                the embedded Redis of a control plane comes back within seconds), as
+                publishing and :meth:`ack` do; 0: raise at once.
 
         Raises:
-            TransportError: Redis is unreachable (no retry: the caller reads again later).
+            TransportError: Redis stayed unreachable, or refused the read.
         """
-        try:
-            response = (client or self.client).xreadgroup(
-                COMMANDS_GROUP,
-                self.consumer,
-                {self.stream: ">"},
-                count=count,
-                block=block_ms or None,
-            )
-        except redis.ResponseError as err:
-            if "NOGROUP" not in str(err):
-                raise TransportError(
-                    f"could not read commands of job {self.job_id} from {self.stream} "
-                    f"(Redis at {client_url(self.client)}): {err}"
-                ) from err
+
+        def read_group() -> Any:
+            try:
+                return (client or self.client).xreadgroup(
+                    COMMANDS_GROUP,
+                    self.consumer,
+                    {self.stream: ">"},
+                    count=count,
+                    block=block_ms or None,
+                )
+            except redis.ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    raise
+                return None  # the stream was deleted
+
+        what = f"read commands of job {self.job_id} from {self.stream}"
+        response = _retrying(read_group, what, self.client, retry_for_s=retry_for_s)
+        if response is None:
             self._reopen_deleted()
             return []
-        except redis.RedisError as err:
-            raise TransportError(
-                f"could not read commands of job {self.job_id} from {self.stream} "
-                f"(Redis at {client_url(self.client)}): {err}"
-            ) from err
         received: list[ReceivedMessage] = []
         bad: list[str] = []
         for entry_id, fields in stream_entries(response):

@@ -157,7 +157,8 @@ class ControlPlaneAuthority(Authority):
                         f"{channel.stream}); is `sparkpoint server` running on the same Redis "
                         "and stream prefix? (--control-plane-timeout sets the wait)"
                     )
-                self._obey(channel.read(block_ms=max(1, int(min(left, FIRST_ANSWER_POLL_MS)))))
+                block_ms = max(1, int(min(left, FIRST_ANSWER_POLL_MS)))
+                self._obey(channel.read(block_ms=block_ms, retry_for_s=left / 1000))
             if self._end is not None and not self._started:
                 self._finish()  # refused (FAILED: raises, before Spark starts) or cancelled
         except SparkpointError as err:

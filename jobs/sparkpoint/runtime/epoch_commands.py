@@ -102,7 +102,9 @@ class EpochCommandReader:
         not and all after it, and stop reading."""
         try:
             while not self._stopping.is_set():
-                messages = self.channel.read(block_ms=READ_BLOCK_MS, client=self._connection)
+                messages = self.channel.read(
+                    block_ms=READ_BLOCK_MS, client=self._connection, retry_for_s=0
+                )
                 for i, message in enumerate(messages):
                     if self._stopping.is_set() or not self._obey(message):
                         self._held = messages[i:]

@@ -13,7 +13,15 @@ import pytest
 import redis
 from tests.support.waiting import wait_for
 
-from sparkpoint.transport import default_redis_url, redis_client
+from sparkpoint import protocol as p
+from sparkpoint.transport import (
+    CommandChannel,
+    Streams,
+    TransportError,
+    default_redis_url,
+    redis_client,
+    send_command,
+)
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 
 
@@ -74,6 +82,27 @@ def test_a_killed_server_is_restarted_on_the_same_port_with_its_data(
     wait_for("the supervisor restarted the server", restarted, 20, every_s=0.02)
     assert client.xrange("events") == [(entry_id, {b"m": b"survives"})]
     assert server.url.endswith(f"@127.0.0.1:{server.port}/0")
+
+
+def test_a_drivers_command_read_waits_out_a_restart_of_the_embedded_redis(
+    server: EmbeddedRedis,
+) -> None:
+    """A connected driver reads its commands at every epoch boundary: while the embedded
+    Redis restarts, the read retries (as publishing does) instead of failing the job; the
+    reader of a running epoch (``retry_for_s=0``) gives up at once and reads again later."""
+    client = redis_client(server.url)
+    channel = CommandChannel(client, "job-1", "driver-1")
+    channel.open()
+    send_command(client, Streams(), "job-1", 1, 0, p.NotifyCheckpointComplete(checkpoint_id=7))
+    old_pid = server.pid
+    assert old_pid is not None
+
+    os.kill(old_pid, signal.SIGKILL)
+    with pytest.raises(TransportError, match="read commands of job job-1"):
+        channel.read(retry_for_s=0)
+    [message] = channel.read()  # retried until the supervisor restarted the server
+    assert server.restarts == 1
+    assert message.payload == p.NotifyCheckpointComplete(checkpoint_id=7)
 
 
 def test_stop_ends_the_process_and_removes_the_url_file(tmp_path: Path) -> None:
