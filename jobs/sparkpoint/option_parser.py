@@ -9,8 +9,11 @@ finds the setting they know. :func:`product_parser` is what
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
+from sparkpoint.checkpointing.restart import parse_duration_ms
+from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import CheckpointingMode
 
 USAGE = "sparkpoint run JOB.py [PRODUCT OPTIONS] [JOB OPTIONS]"
@@ -24,6 +27,28 @@ DESCRIPTION = (
 
 def _flink(key: str, text: str) -> str:
     return f"{text} [Flink: {key}]"
+
+
+def seconds(text: str) -> float:
+    """An option's time: seconds (``1.5``), or a number and a unit as Flink writes durations
+    (``500ms``, ``10 s``, ``2 min``): a Flink user's ``1000`` is then written ``1000ms``.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value that is neither.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            return parse_duration_ms(text) / 1000
+        except ConfigurationError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a time: seconds (1.5) or a number and a unit "
+                "(500ms, 10 s, 2 min, 1 h)"
+            ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: a finite number of seconds")
+    return value
 
 
 def product_parser() -> argparse.ArgumentParser:
@@ -62,21 +87,25 @@ def product_parser() -> argparse.ArgumentParser:
     cp = p.add_argument_group("checkpointing")
     cp.add_argument(
         "--checkpoint-interval",
-        type=float,
+        type=seconds,
         default=0.0,
         metavar="SECONDS",
-        help=_flink("execution.checkpointing.interval", "0 (default) disables checkpoints"),
+        help=_flink(
+            "execution.checkpointing.interval",
+            "0 (default) disables checkpoints; like every SECONDS here, also with a unit: "
+            "500ms, 2min",
+        ),
     )
     cp.add_argument(
         "--checkpoint-timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         metavar="SECONDS",
         help=_flink("execution.checkpointing.timeout", "a checkpoint expires after it"),
     )
     cp.add_argument(
         "--min-pause",
-        type=float,
+        type=seconds,
         default=0.0,
         metavar="SECONDS",
         help=_flink("execution.checkpointing.min-pause", "between a checkpoint and the next"),
@@ -193,7 +222,7 @@ def product_parser() -> argparse.ArgumentParser:
     )
     restart.add_argument(
         "--restart-delay",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help=_flink("restart-strategy.fixed-delay.delay", "implies fixed-delay"),
     )
@@ -259,7 +288,7 @@ def product_parser() -> argparse.ArgumentParser:
     )
     connected.add_argument(
         "--control-plane-timeout",
-        type=float,
+        type=seconds,
         default=60.0,
         metavar="SECONDS",
         help="how long to wait for the control plane's first decision",

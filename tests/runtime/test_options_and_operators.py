@@ -166,3 +166,26 @@ def test_incremental_checkpoints_keep_one_checkpoint_in_flight() -> None:
     concurrent = replace(options, checkpoint=CheckpointConfig(max_concurrent=2))
     with pytest.raises(ConfigurationError, match="keep one checkpoint in flight"):
         check_state_options(concurrent)
+
+
+@pytest.mark.parametrize(
+    ("given", "ms"),
+    [("1.5", 1500), ("500ms", 500), ("10 s", 10_000), ("2min", 120_000), ("0", 0)],
+)
+def test_times_are_seconds_or_a_duration_with_its_unit(given: str, ms: int) -> None:
+    """A Flink user's ``execution.checkpointing.interval: 1000`` means milliseconds: here it
+    is written ``1000ms``, while a bare number stays seconds."""
+    opts, _ = parse_job_options(
+        ["--standalone", "--checkpoint-interval", given, "--min-pause", given]
+    )
+    assert opts.checkpoint.interval_ms == ms and opts.checkpoint.min_pause_ms == ms
+
+
+@pytest.mark.parametrize("given", ["500mss", "nan", "inf", "1 fortnight"])
+def test_a_time_that_is_not_one_is_refused_naming_the_option_and_the_value(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigurationError, match="invalid option"):
+        parse_job_options(["--standalone", "--checkpoint-timeout", given])
+    said = capsys.readouterr().err
+    assert f"argument --checkpoint-timeout: {given!r} is not a time" in said
