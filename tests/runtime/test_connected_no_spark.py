@@ -23,7 +23,7 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.driver import JobDriver
-from sparkpoint.runtime.execution import EpochRunner, unacknowledged
+from sparkpoint.runtime.epochs import EpochRunner, unacknowledged
 from sparkpoint.runtime.heartbeats import heartbeat_interval_ms, previous_failure
 from sparkpoint.signing import JOB_KEY_ENV, Signer
 from sparkpoint.transport import FIELD, Streams, send_command

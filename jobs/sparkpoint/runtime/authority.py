@@ -32,7 +32,8 @@ from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import CorruptSnapshotError, InjectedFailure, SparkpointError
 from sparkpoint.job_graph import Region
 from sparkpoint.protocol_types import CheckpointKind
-from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.epochs import EpochRunner
+from sparkpoint.runtime.execution import JobExecution
 from sparkpoint.runtime.failover import failover_region
 from sparkpoint.runtime.recovery import (
     RestorePoint,

@@ -32,7 +32,8 @@ from sparkpoint.runtime.authority import Authority, JobFailedError, registration
 from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
 from sparkpoint.runtime.control_plane_link import ControlPlaneLink
 from sparkpoint.runtime.epoch_commands import EpochCommandReader
-from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.epochs import EpochRunner
+from sparkpoint.runtime.execution import JobExecution
 from sparkpoint.runtime.failover import failover_region
 from sparkpoint.runtime.plan import SplitRange
 from sparkpoint.runtime.recovery import (

@@ -47,7 +47,8 @@ from sparkpoint.runtime.authority import (
 )
 from sparkpoint.runtime.connected import ControlPlaneAuthority
 from sparkpoint.runtime.control_plane_link import ControlPlaneLink
-from sparkpoint.runtime.execution import EpochRunner, JobExecution
+from sparkpoint.runtime.epochs import EpochRunner
+from sparkpoint.runtime.execution import JobExecution
 from sparkpoint.runtime.failover import check_failover_strategy
 from sparkpoint.runtime.local import LocalEpochRunner
 from sparkpoint.runtime.plan import FailureInjection

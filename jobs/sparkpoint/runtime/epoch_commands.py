@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from sparkpoint.runtime.execution import EpochRunner
+from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.spark import SparkApplication
 from sparkpoint.transport import CommandChannel, ReceivedMessage, TransportError
