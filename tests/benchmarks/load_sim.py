@@ -142,7 +142,7 @@ class SimulatedJob:
                         alignment_buffered_bytes=0,
                         sync_duration_ms=1.0,
                         async_duration_ms=1.0,
-                        barrier_timestamp=trigger_ts,
+                        barrier_timestamp=ts,  # trigger + the start delay above
                         alignment_buffered_records=0,
                         state_size=self.handle.size if op == "pv" else 0,
                         checkpointed_size=self.handle.size if op == "pv" else 0,
