@@ -10,7 +10,7 @@ copy in a later entry (a replay: dead-lettered).
 
 from __future__ import annotations
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sparkpoint.transport import ReceivedMessage
@@ -32,11 +32,18 @@ def screen(
     keys = {(m.envelope.job_id, m.envelope.sender) for m in messages if m.envelope.sender}
     rows: dict[tuple[str, str], EventSender] = {}
     if keys:
+        # Two plain IN lists (a (job, sender) tuple per key would build a statement object per
+        # key on every batch); a row of another pair is skipped below.
         found = session.scalars(
-            select(EventSender).where(tuple_(EventSender.job_id, EventSender.sender).in_(keys))
+            select(EventSender).where(
+                EventSender.job_id.in_({job for job, _ in keys}),
+                EventSender.sender.in_({sender for _, sender in keys}),
+            )
         )
-        rows = {(row.job_id, row.sender): row for row in found}
-    # Step 2
+        rows = {key: row for row in found if (key := (row.job_id, row.sender)) in keys}
+    # Step 2: the highest seq per sender, and its entry, kept here and written to the rows
+    # once per batch (an ORM attribute set per event costs more than the check itself).
+    last = {key: (row.last_seq, row.last_entry_id) for key, row in rows.items()}
     fresh: list[ReceivedMessage] = []
     replays: list[RejectedEvent] = []
     for m in messages:
@@ -44,23 +51,30 @@ def screen(
         if env.sender is None or env.seq is None:
             fresh.append(m)
             continue
-        row = rows.get((env.job_id, env.sender))
-        if row is None:
-            row = EventSender(job_id=env.job_id, sender=env.sender, last_seq=0, last_entry_id="0-0")
-            session.add(row)
-            rows[(env.job_id, env.sender)] = row
-        if env.seq > row.last_seq:
-            row.last_seq, row.last_entry_id = env.seq, m.entry_id
+        key = (env.job_id, env.sender)
+        last_seq, last_entry_id = last.get(key, (0, "0-0"))
+        if env.seq > last_seq:
+            last[key] = (env.seq, m.entry_id)
             fresh.append(m)
-        elif _entry_key(m.entry_id) > _entry_key(row.last_entry_id):
+        elif _entry_key(m.entry_id) > _entry_key(last_entry_id):
             replays.append(
                 RejectedEvent(
                     m.entry_id,
                     f"replayed {env.type} event of job {env.job_id}: seq {env.seq} of sender "
-                    f"{env.sender} is not above the last applied, {row.last_seq} "
-                    f"(entry {row.last_entry_id})",
+                    f"{env.sender} is not above the last applied, {last_seq} "
+                    f"(entry {last_entry_id})",
                 )
             )
+    for key, (last_seq, last_entry_id) in last.items():
+        row = rows.get(key)
+        if row is None:
+            session.add(
+                EventSender(
+                    job_id=key[0], sender=key[1], last_seq=last_seq, last_entry_id=last_entry_id
+                )
+            )
+        elif row.last_seq != last_seq:
+            row.last_seq, row.last_entry_id = last_seq, last_entry_id
     return fresh, replays
 
 
