@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.transport import Streams, client_url, redis_client
+from sparkpoint_server import gc_pauses
 from sparkpoint_server.api import install_api
 from sparkpoint_server.config import Settings
 from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
@@ -96,6 +97,7 @@ class Runner:
         if background:
             gc.freeze()  # what start-up allocated lives as long as the process
             gc.set_threshold(*GC_THRESHOLDS)
+            gc_pauses.install()  # GET /metrics: sparkpoint_gc_*
             self._spawn("sparkpoint-ingest", self.consumer.run, self._stop)
             self._spawn("sparkpoint-retention", retention.run, self._stop, s.stream_trim_interval)
             self._spawn("sparkpoint-timers", self._timers)

@@ -305,6 +305,14 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         ingested=metric(metrics, "sparkpoint_events_ingested_total"),
         dead_letters=metric(metrics, "sparkpoint_dead_letters_total"),
         stale=metric(metrics, "sparkpoint_stale_messages_total"),
+        gc={
+            what: [metric(metrics, f'{name}{{generation="{g}"}}') for g in range(3)]
+            for what, name in (
+                ("collections", "sparkpoint_gc_collections_total"),
+                ("seconds", "sparkpoint_gc_pause_seconds_total"),
+                ("longest", "sparkpoint_gc_pause_max_seconds"),
+            )
+        },
         api_checkpoints=final,
         py_spy=profiles,
         server_log_tail=(base / "server.log").read_text(errors="replace")[-4000:],

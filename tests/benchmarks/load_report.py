@@ -117,6 +117,8 @@ def summarize(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
         "aborted": sum(j["aborted"] for j in r["jobs"].values()),
         "restores": sum(max(0, j["restores"] - 1) for j in r["jobs"].values()),
         "ended": sum(bool(j["ended"]) for j in r["jobs"].values()),
+        "gc": r.get("gc"),
+        "run_s": r["sim_stopped_s"] + r["drain_s"],
     }
 
 
@@ -182,11 +184,27 @@ def table(args: argparse.Namespace, s: dict[str, Any]) -> str:
         f"{s['server_cpu'][1]:.0f}% | | |",
         f"| Redis CPU (mean first / last fifth) | {s['redis_cpu'][0]:.0f}% / "
         f"{s['redis_cpu'][1]:.0f}% | | |",
+        *_gc_rows(s["gc"], s["run_s"]),
         f"| simulator CPU (whole run) / command read delay p50 / p99 | "
         f"{s['sim_cpu_pct']:.0f}% / {s['read_delay_p50']:.0f} / {s['read_delay_p99']:.0f} ms "
         f"| not the bottleneck | |",
     ]
     return "\n".join(lines)
+
+
+def _gc_rows(gc: dict[str, list[float]] | None, run_s: float) -> list[str]:
+    """The server's garbage-collector pauses over the whole run (its ``/metrics``)."""
+    if not gc:
+        return []
+    total = sum(gc["seconds"])
+    per_generation = ", ".join(
+        f"gen {g}: {n:,.0f} / {1000 * gc['longest'][g]:.0f} ms"
+        for g, n in enumerate(gc["collections"])
+    )
+    return [
+        f"| server GC pauses, whole run: collections / longest per generation; time held | "
+        f"{per_generation}; {total:.2f} s ({100 * total / run_s:.1f}% of the run) | | |"
+    ]
 
 
 def profile_summary(raw: str, top: int = 40) -> str:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from sparkpoint.protocol import JobStatus
+from sparkpoint_server import gc_pauses
 from sparkpoint_server.api.deps import SessionsDep, require_token
 from sparkpoint_server.storage.queries import MetricsSnapshot, metrics_snapshot
 
@@ -72,8 +73,13 @@ def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> l
     return lines
 
 
-def render_metrics(snapshot: MetricsSnapshot, ingest_stats: object) -> str:
-    """The whole exposition: database families first, then the ingest counters."""
+def render_metrics(
+    snapshot: MetricsSnapshot,
+    ingest_stats: object,
+    pauses: gc_pauses.GcPauses | None = None,
+) -> str:
+    """The whole exposition: database families first, then the ingest counters, then the
+    garbage collector's pauses (``pauses``; default: this process's)."""
     lines: list[str] = []
     lines += family(
         "sparkpoint_checkpoints_total",
@@ -112,6 +118,25 @@ def render_metrics(snapshot: MetricsSnapshot, ingest_stats: object) -> str:
     for name, attribute, help_text in INGEST_COUNTERS:
         value = getattr(ingest_stats, attribute, 0)
         lines += family(name, "counter", help_text, [({}, int(value or 0))])
+    by_generation = (pauses or gc_pauses.PAUSES).snapshot()
+    lines += family(
+        "sparkpoint_gc_collections_total",
+        "counter",
+        "Collections of Python's cyclic garbage collector in the control plane, per generation.",
+        [({"generation": str(g)}, n) for g, n, _, _ in by_generation],
+    )
+    lines += family(
+        "sparkpoint_gc_pause_seconds_total",
+        "counter",
+        "Time those collections held the interpreter (every thread, REST requests included).",
+        [({"generation": str(g)}, s) for g, _, s, _ in by_generation],
+    )
+    lines += family(
+        "sparkpoint_gc_pause_max_seconds",
+        "gauge",
+        "The longest of those collections since the control plane started.",
+        [({"generation": str(g)}, m) for g, _, _, m in by_generation],
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +144,8 @@ def render_metrics(snapshot: MetricsSnapshot, ingest_stats: object) -> str:
     "/metrics",
     summary="Prometheus metrics",
     description="Checkpoint counts, the latest completed checkpoint's duration and size, "
-    "restarts and status per job, and the ingest's counters, in Prometheus' text format.",
+    "restarts and status per job, the ingest's counters and the garbage collector's pauses, in "
+    "Prometheus' text format.",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}}},
 )

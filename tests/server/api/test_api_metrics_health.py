@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from sparkpoint_server.api.metrics import escape_label, format_value
+from sparkpoint_server.api.metrics import escape_label, format_value, render_metrics
+from sparkpoint_server.gc_pauses import GcPauses
 from sparkpoint_server.storage.db import create_db_engine, session_factory
+from sparkpoint_server.storage.queries import MetricsSnapshot
 
 from .builders import add_checkpoint, add_job
 from .conftest import AppFactory, IngestStats, build_app
@@ -96,8 +100,37 @@ def test_metrics_render_every_family_in_prometheus_text_format(
         "# TYPE sparkpoint_redis_errors_total counter",
         "sparkpoint_redis_errors_total 5",
     ]
-    assert response.text.splitlines() == expected
+    lines = response.text.splitlines()
+    assert lines[: len(expected)] == expected
+    # Then this process's garbage-collector pauses (their own test below).
+    assert [line.split("{")[0] for line in lines[len(expected) :] if line[0] != "#"] == [
+        f"sparkpoint_gc_{name}"
+        for name in ("collections_total", "pause_seconds_total")
+        for _ in range(3)
+    ] + ["sparkpoint_gc_pause_max_seconds"] * 3
     assert response.text.endswith("\n")
+
+
+def test_metrics_render_the_garbage_collectors_pauses_it_measured() -> None:
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        gc.collect(1)
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(pauses)
+    assert pauses.collections[1] == pauses.collections[2] == 1
+    assert 0 < pauses.longest[2] <= pauses.seconds[2] < 5
+
+    text = render_metrics(MetricsSnapshot(), object(), pauses)
+    lines = text.splitlines()
+    start = lines.index("# TYPE sparkpoint_gc_collections_total counter")
+    assert lines[start + 1 : start + 4] == [
+        'sparkpoint_gc_collections_total{generation="0"} 0',
+        'sparkpoint_gc_collections_total{generation="1"} 1',
+        'sparkpoint_gc_collections_total{generation="2"} 1',
+    ]
+    assert f'sparkpoint_gc_pause_max_seconds{{generation="2"}} {pauses.longest[2]!r}' in lines
 
 
 def test_metrics_count_missing_ingest_stats_as_zero(make_client: AppFactory) -> None:
