@@ -43,7 +43,7 @@ BACKENDS = {"hashmap": ("hashmap", False), "rocksdb": ("rocksdb", True)}
 
 
 def run_once(
-    spark: object, base: str, name: str, events: int, apps: int, backend: str
+    spark: object, base: str, name: str, events: int, apps: int, backend: str, emit: str
 ) -> dict[str, float]:
     state_backend, incremental = BACKENDS[backend]
     options = JobOptions(
@@ -58,7 +58,7 @@ def run_once(
     )
     env = StreamExecutionEnvironment(options)
     out = os.path.join(base, name, "out")
-    argv = ["--events", str(events), "--apps", str(apps), "--rate", "0", "--emit", "epoch"]
+    argv = ["--events", str(events), "--apps", str(apps), "--rate", "0", "--emit", emit]
     pv_count.build(env, [*argv, "--output", out])
     env.graph.name = "pv-keys-bench"
     started = time.perf_counter()
@@ -91,6 +91,14 @@ def main() -> int:
     parser.add_argument("--few", type=int, default=40)
     parser.add_argument("--many", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--emit",
+        choices=["epoch", "every"],
+        default="epoch",
+        help="the count's output: each key once per epoch (the aim's runs), or every record's "
+        "running count (no map-side partial count: both jobs touch their state per record; "
+        "results in pv_keys_every.md)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = spark_session("local[*]", "sparkpoint-bench-keys")
@@ -98,12 +106,12 @@ def main() -> int:
     runs: dict[tuple[int, str, int], list[dict[str, float]]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-keys-") as base:
         for backend in BACKENDS:
-            run_once(spark, base, f"warmup-{backend}", 200_000, args.few, backend)
+            run_once(spark, base, f"warmup-{backend}", 200_000, args.few, backend, args.emit)
         for i in range(args.repeats):
             for events, backend, apps in configs if i % 2 == 0 else configs[::-1]:
                 name = f"r{i}-{events}-{backend}-{apps}"
                 runs[(events, backend, apps)].append(
-                    run_once(spark, base, name, events, apps, backend)
+                    run_once(spark, base, name, events, apps, backend, args.emit)
                 )
     med = {c: statistics.median(r["events_per_s"] for r in rs) for c, rs in runs.items()}
     rows = [
@@ -131,21 +139,22 @@ def main() -> int:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     header = (
-        f"PV count, {' and '.join(f'{n:,}' for n in args.events)} events, --emit epoch, "
+        f"PV count, {' and '.join(f'{n:,}' for n in args.events)} events, --emit {args.emit}, "
         "checkpoints every 1 s (rocksdb: "
         f"incremental), {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d')}, commit {commit}\n\n"
         "`.venv/bin/python tests/benchmarks/bench_pv_keys.py --events "
         f"{' '.join(map(str, args.events))} "
-        f"--repeats {args.repeats}`"
+        f"--repeats {args.repeats}" + ("" if args.emit == "epoch" else f" --emit {args.emit}") + "`"
     )
     table = header + "\n\n" + "\n".join(rows)
     data = {
         "events": args.events,
+        "emit": args.emit,
         "runs": {f"{n}/{b}/{k}": rs for (n, b, k), rs in runs.items()},
         "median": {f"{n}/{b}/{k}": v for (n, b, k), v in med.items()},
     }
-    write_results("pv_keys", table, data)
+    write_results("pv_keys" if args.emit == "epoch" else f"pv_keys_{args.emit}", table, data)
     spark.stop()
     return 0
 
