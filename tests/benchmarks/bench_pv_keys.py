@@ -10,7 +10,9 @@ unpaced epoch fourfold, so a longer run has larger epochs, which the 40-key job 
 speed (its cost per epoch is fixed) and the million-key job does not (it emits and stores
 every key in every epoch). The aim: 1 M keys within 2x of 40 keys on both
 backends (state that grows must not make every epoch cost what the whole state costs).
-Writes ``tests/benchmarks/results/pv_keys.md`` and ``.json``.
+Writes ``tests/benchmarks/results/pv_keys.md`` and ``.json``. With ``--emit every`` the count
+emits every record's running count: no partial count crosses the exchange, so both jobs look
+up their state per batch of records (``pv_keys_every.md``).
 """
 
 from __future__ import annotations
