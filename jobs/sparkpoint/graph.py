@@ -81,7 +81,9 @@ class StreamExecutionEnvironment:
         cls, argv: Sequence[str] | None = None, *, job_options: Iterable[str] = ()
     ) -> StreamExecutionEnvironment:
         """Parse the product's options from ``argv`` (default ``sys.argv[1:]``); keep the rest
-        in :attr:`args` for the job's own parser.
+        in :attr:`args` for the job's own parser. A ``--`` ends the product's options: what
+        follows is the job's, whatever it looks like, and the ``--`` itself is not passed on
+        (the job's parser would take every argument after it for a positional one).
 
         Args:
             argv: the command line.
@@ -94,6 +96,9 @@ class StreamExecutionEnvironment:
         from sparkpoint.options import parse_job_options
 
         options, rest = parse_job_options(argv, job_options=job_options)
+        if "--" in rest:
+            at = rest.index("--")
+            rest = rest[:at] + rest[at + 1 :]
         return cls(options, rest)
 
     def _claim(self, uid: str) -> str:

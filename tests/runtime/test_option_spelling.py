@@ -99,6 +99,15 @@ def test_arguments_after_a_double_dash_are_the_jobs() -> None:
     assert rest[-2:] == ["--checkpoint-intervall", "1"]
 
 
+def test_the_job_gets_its_arguments_without_the_double_dash() -> None:
+    """A job's argparse would take every argument after a ``--`` for a positional one: the
+    PV job then refused ``--output`` as missing. Only the first ``--`` is the separator."""
+    argv = ["--standalone", "--checkpoint-interval", "1", "--", "--events", "5", "--", "x"]
+    env = StreamExecutionEnvironment.from_args(argv)
+    assert env.args == ["--events", "5", "--", "x"]
+    assert env.options.checkpoint.interval_ms == 1000
+
+
 def test_a_caller_that_cannot_know_the_job_options_skips_the_check() -> None:
     """``sparkpoint run`` parses before the job starts; the job's ``from_args`` checks."""
     _, rest = parse_job_options(["--standalone", "--paralelism", "2"])
