@@ -23,6 +23,7 @@ from sparkpoint.transport import Streams, client_url, redis_client
 from sparkpoint_server import gc_pauses
 from sparkpoint_server.api import install_api
 from sparkpoint_server.config import Settings
+from sparkpoint_server.engine_process import EngineRunner
 from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis
@@ -127,7 +128,7 @@ class Runner:
             self.embedded.stop()
 
 
-def create_app(settings: Settings, *, runner: Runner | None = None) -> FastAPI:
+def create_app(settings: Settings, *, runner: Runner | EngineRunner | None = None) -> FastAPI:
     """The FastAPI application of the control plane (started by its lifespan)."""
     runner = runner or Runner(settings)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 import sys
 
 import uvicorn
@@ -12,6 +13,7 @@ import uvicorn
 from sparkpoint_server.app import create_app
 from sparkpoint_server.config import Settings, load_settings
 from sparkpoint_server.data_dir_lock import DataDirectoryInUseError, DataDirectoryLock
+from sparkpoint_server.engine_process import EngineRunner
 from sparkpoint_server.errors import SettingsError
 
 TOKEN_FILE = "api-token"
@@ -109,5 +111,18 @@ def _serve_locked(host: str, port: int, given: Settings) -> int:
         f"sparkpoint server: API token (Authorization: Bearer ...): {token}",
         flush=True,
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    if not settings.api_process:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        return 0
+
+    def on_engine_exit(code: int | None) -> None:
+        print(
+            f"sparkpoint server: the engine process exited (code {code}); stopping the API",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts the API down, then ends by it
+
+    runner = EngineRunner(settings, on_engine_exit)
+    uvicorn.run(create_app(settings, runner=runner), host=host, port=port, log_level="info")
     return 0

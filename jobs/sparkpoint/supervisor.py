@@ -239,8 +239,14 @@ class _DriverProcess:
 
 def _terminate_with_parent() -> None:
     """In the new driver process: SIGTERM when its supervisor dies (Linux)."""
+    die_with_parent(signal.SIGTERM)
+
+
+def die_with_parent(sig: int) -> None:
+    """Have the kernel send this process ``sig`` when its parent dies (Linux; elsewhere
+    nothing)."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
 _PR_SET_PDEATHSIG = 1

@@ -1,0 +1,248 @@
+"""``SPARKPOINT_API_PROCESS=1``: the REST API in one process, the coordination in another.
+
+In one process, the ingest, the completions and the timers share Python's interpreter lock
+with the API: at 200 jobs that process runs at ~100 % of a core and a REST request waits its
+turn (p99 107-230 ms against 7 ms with no load; ``tests/benchmarks/results/load.md``). With
+this setting ``sparkpoint server`` starts the coordination (the :class:`~sparkpoint_server.app.
+Runner`: Redis, migrations, the control plane, the ingest, the timers) in a child process, the
+*engine*, and serves the API in its own process:
+
+- reads go to the database directly (SQLite in WAL mode lets them read while the engine
+  writes; PostgreSQL as it is);
+- the API's commands (:class:`~sparkpoint_server.api.deps.ControlPlaneCommands`) and the
+  ingest's counters go to the engine over a local socket (``multiprocessing`` connections,
+  authenticated with a random key); a refused command comes back as the same status and
+  message;
+- a job's key is derived in the API process from the server secret in the data directory.
+
+The engine dies with the API process (``PR_SET_PDEATHSIG``), so a killed server never leaves
+a coordinating orphan behind; when the engine dies, the API process stops too (exit status 1)
+and whatever supervises the server restarts both.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import secrets
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+from sparkpoint.signing import job_key, load_or_create_secret
+from sparkpoint_server.config import Settings
+from sparkpoint_server.errors import ControlPlaneError
+from sparkpoint_server.storage.db import create_db_engine, session_factory
+
+log = logging.getLogger(__name__)
+
+#: The commands the API sends to the engine (``ControlPlaneCommands``).
+COMMANDS = (
+    "trigger_checkpoint",
+    "trigger_savepoint",
+    "stop_with_savepoint",
+    "restore",
+    "cancel",
+    "update_checkpoint_config",
+    "set_restart_strategy",
+)
+#: How long the API process waits for the engine to be ready (migrations, recovery).
+START_TIMEOUT_S = 300.0
+
+
+class EngineCommandError(ControlPlaneError):
+    """A command the engine refused: its status and message, as the engine raised them."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def engine_main(settings: Settings, ready: Connection, authkey: bytes, parent: int) -> None:
+    """The engine process: start the runner, answer the API's calls until told to stop or
+    until the API process (``parent``) is gone."""
+    from sparkpoint.supervisor import die_with_parent
+    from sparkpoint_server.app import Runner
+
+    die_with_parent(signal.SIGKILL)  # as if the server was killed whole
+    if os.getppid() != parent:  # it died before that took effect
+        os._exit(1)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s"
+    )
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    # Ctrl-C reaches the whole process group: the API process stops the engine (SIGTERM)
+    # once the API is down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    runner = Runner(settings)
+    try:
+        runner.start()
+    except BaseException as err:
+        ready.send(("failed", f"{type(err).__name__}: {err}"))
+        raise
+    listener = Listener(("127.0.0.1", 0), authkey=authkey)
+    ready.send(("ready", listener.address, runner.redis_url))
+    threading.Thread(target=_accept, args=(listener, runner), daemon=True).start()
+    stopped.wait()
+    runner.stop()
+
+
+def _accept(listener: Listener, runner: Any) -> None:
+    while True:
+        conn = listener.accept()
+        threading.Thread(target=_serve, args=(conn, runner), daemon=True).start()
+
+
+def _serve(conn: Connection, runner: Any) -> None:
+    """Answer one API connection's calls, in order: ``(name, args)`` → ``("ok", result)`` or
+    ``("refused", status, message)``."""
+    calls: dict[str, Callable[..., Any]] = {
+        name: getattr(runner.control_plane, name) for name in COMMANDS
+    }
+    calls["ingest_stats"] = runner.stats.snapshot
+    with conn:
+        while True:
+            try:
+                name, args = conn.recv()
+            except (EOFError, OSError):
+                return
+            try:
+                answer: tuple[Any, ...] = ("ok", calls[name](*args))
+            except ControlPlaneError as err:
+                answer = ("refused", err.status_code, str(err))
+            except Exception as err:  # the API answers 500, as it would in one process
+                log.exception("engine call %s failed", name)
+                answer = ("failed", f"{type(err).__name__}: {err}")
+            conn.send(answer)
+
+
+# ----------------------------------------------------------------------------- the API side
+
+
+class _Calls:
+    """Calls to the engine over one connection per API thread."""
+
+    def __init__(self, address: Any, authkey: bytes) -> None:
+        self._address = address
+        self._authkey = authkey
+        self._local = threading.local()
+
+    def __call__(self, name: str, *args: Any) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = Client(self._address, authkey=self._authkey)
+        try:
+            conn.send((name, args))
+            answer = conn.recv()
+        except (EOFError, OSError):
+            self._local.conn = None
+            raise
+        if answer[0] == "ok":
+            return answer[1]
+        if answer[0] == "refused":
+            raise EngineCommandError(answer[1], answer[2])
+        raise RuntimeError(f"the engine failed on {name}: {answer[1]}")
+
+
+class RemoteControlPlane:
+    """What the API needs of the control plane, with the engine doing the work."""
+
+    def __init__(self, calls: _Calls, settings: Settings) -> None:
+        self._calls = calls
+        self.sessions = session_factory(create_db_engine(settings.effective_database_url))
+        secret = load_or_create_secret(settings.data_dir)  # the engine made it at start
+        self.key_of: Callable[[str], bytes] = lambda job_id: job_key(secret, job_id)
+        for name in COMMANDS:
+            setattr(self, name, self._command(name))
+
+    def _command(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            return self._calls(name, *args)
+
+        call.__name__ = name
+        return call
+
+
+class RemoteStats:
+    """The engine's ingest counters, read once per ``/metrics`` scrape field."""
+
+    def __init__(self, calls: _Calls) -> None:
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        return self._calls("ingest_stats").get(name, 0)
+
+
+class EngineRunner:
+    """The API process's runner: starts the engine, hands the API its proxies, stops it."""
+
+    def __init__(self, settings: Settings, on_engine_exit: Callable[[int | None], None]) -> None:
+        self.settings = settings
+        self.on_engine_exit = on_engine_exit
+        self.control_plane: RemoteControlPlane | None = None
+        self.stats: RemoteStats | None = None
+        self.redis_url = ""
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        """Start the engine and wait until it is ready.
+
+        Raises:
+            RuntimeError: the engine failed to start (its error), died or did not get ready
+                within :data:`START_TIMEOUT_S`.
+        """
+        context = multiprocessing.get_context("spawn")
+        receive, send = context.Pipe(duplex=False)
+        authkey = secrets.token_bytes(32)
+        self._process = context.Process(
+            target=engine_main,
+            args=(self.settings, send, authkey, os.getpid()),
+            name="sparkpoint-engine",
+            daemon=False,
+        )
+        self._process.start()
+        send.close()
+        if not receive.poll(START_TIMEOUT_S):
+            self._process.kill()
+            raise RuntimeError(f"the engine was not ready within {START_TIMEOUT_S:g} s")
+        try:
+            message = receive.recv()
+        except EOFError:
+            self._process.join(5)
+            raise RuntimeError(
+                f"the engine exited while starting (exit code {self._process.exitcode})"
+            ) from None
+        if message[0] != "ready":
+            raise RuntimeError(f"the engine failed to start: {message[1]}")
+        _, address, self.redis_url = message
+        calls = _Calls(address, authkey)
+        self.control_plane = RemoteControlPlane(calls, self.settings)
+        self.stats = RemoteStats(calls)
+        threading.Thread(target=self._watch, name="sparkpoint-engine-watch", daemon=True).start()
+        log.info("engine process %d ready", self._process.pid)
+
+    def _watch(self) -> None:
+        assert self._process is not None
+        self._process.join()
+        if not self._stopping.is_set():
+            log.error("the engine process exited (exit code %s)", self._process.exitcode)
+            self.on_engine_exit(self._process.exitcode)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._process is None or self._process.pid is None:
+            return
+        if self._process.is_alive():
+            os.kill(self._process.pid, signal.SIGTERM)
+            self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)

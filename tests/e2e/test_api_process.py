@@ -1,0 +1,148 @@
+"""``SPARKPOINT_API_PROCESS=1``: the REST API in the server process, the coordination in its
+engine child (``sparkpoint_server/engine_process.py``).
+
+A connected PV job fails, is restored by the engine and commits exactly what a run without
+the failure commits; the API answers reads from the database and the engine's refusals with
+their status and message; the engine dies with the server, and the server with the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from sparkpoint.connectors.sources import GeneratorSource
+from sparkpoint.signing import job_key, read_secret
+from sparkpoint.testing import line_counts
+from sparkpoint.transport import redis_client
+
+from ..support.waiting import wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess
+
+EVENTS, APPS = 6_000, 4
+
+
+class SplitServer(ServerProcess):
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "SPARKPOINT_API_PROCESS": "1"}
+
+    def engine(self) -> psutil.Process:
+        assert self.proc is not None
+        [engine] = [
+            c
+            for c in psutil.Process(self.proc.pid).children()
+            if "spawn_main" in " ".join(c.cmdline())
+        ]
+        return engine
+
+
+@pytest.fixture
+def split(tmp_path: Path) -> Iterator[SplitServer]:
+    srv = SplitServer(tmp_path / "data")
+    srv.data_dir.mkdir()
+    srv.start()
+    yield srv
+    srv.stop()
+    client = redis_client(REDIS_URL)
+    for key in client.scan_iter(f"{srv.prefix}:*"):
+        client.delete(key)
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_api_answers_from_the_database_and_relays_the_engines_refusals(
+    split: SplitServer,
+) -> None:
+    with split.api() as api:
+        refused = api.post("/jobs/no-such-job/checkpoints")
+        assert refused.status_code == 404
+        assert refused.json() == {"errors": ["job no-such-job not found"]}
+        assert api.get("/jobs").json() == {"jobs": [], "total": 0}
+        key = api.post("/jobs/some-job/key").json()["key"]
+        metrics = api.get("/metrics").text
+    secret = read_secret(split.data_dir)
+    assert secret is not None
+    assert key == job_key(secret, "some-job").hex()  # derived in the API process
+    assert "sparkpoint_events_ingested_total 0" in metrics.splitlines()  # from the engine
+
+
+@pytest.mark.spark
+def test_a_connected_job_fails_over_through_the_engine_and_commits_exactly_once(
+    split: SplitServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("sparkpoint")),
+            *("run", "jobs/examples/pv_count.py", "--job-id", "split-pv"),
+            *("--redis-url", REDIS_URL, "--stream-prefix", split.prefix),
+            *("--checkpoint-dir", f"file://{tmp_path}/chk", "--checkpoint-interval", "0.5"),
+            *("--fail-after", "1500", "--"),
+            *("--events", str(EVENTS), "--apps", str(APPS), "--rate", "1500"),
+            *("--emit", "every", "--output", str(out)),
+        ],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARKPOINT_DATA_DIR": str(split.data_dir),  # the event secret
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    source = GeneratorSource(events=EVENTS, apps=APPS, rate=0)
+    per_app: Counter[str] = Counter()
+    for i in range(len(source.split_ids())):
+        ids = np.asarray(source.read(i, 0, source.total(i) or 0).column("app_id"))
+        per_app.update(ids.tolist())
+    expected = Counter(
+        f'{{"app_id": "{app}", "pv": {n}}}'
+        for app, total in per_app.items()
+        for n in range(1, total + 1)
+    )
+    assert line_counts(str(out)) == expected
+    with split.api() as api:
+        job = api.get("/jobs/split-pv").json()
+        counts = api.get("/jobs/split-pv/checkpoints").json()["counts"]
+    assert job["restarts"] >= 1
+    assert counts["completed"] >= 1 and counts["restored"] >= 1
+
+
+def test_the_engine_dies_with_the_server(split: SplitServer) -> None:
+    engine = split.engine()
+    split.kill()  # SIGKILL: no shutdown runs
+    wait_for("the engine to die with the server", lambda: _gone(engine), timeout_s=10)
+
+
+def test_the_server_stops_when_its_engine_dies(split: SplitServer) -> None:
+    assert split.proc is not None
+    split.engine().send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while split.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert split.proc.returncode not in (None, 0)
+
+
+def test_an_interrupted_server_stops_its_engine(split: SplitServer) -> None:
+    assert split.proc is not None
+    engine = split.engine()
+    split.proc.send_signal(signal.SIGINT)
+    assert split.proc.wait(timeout=60) == 0
+    wait_for("the engine to stop", lambda: _gone(engine), timeout_s=10)
