@@ -178,7 +178,7 @@ def start_redis(base: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_server(
-    base: Path, redis_url: str, prefix: str, database_url: str | None
+    base: Path, redis_url: str, prefix: str, database_url: str | None, api_process: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
@@ -189,6 +189,7 @@ def start_server(
         "SPARKPOINT_API_TOKEN": secrets.token_urlsafe(24),
     }
     env.pop("DATABASE_URL", None)
+    env["SPARKPOINT_API_PROCESS"] = "1" if api_process else "0"
     if database_url:
         env["DATABASE_URL"] = database_url
     log = (base / "server.log").open("wb")
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     redis_url = args.redis_url
     if not redis_url:
         redis_proc, redis_url = start_redis(base)
-    server, api = start_server(base, redis_url, prefix, args.database_url)
+    server, api = start_server(base, redis_url, prefix, args.database_url, args.api_process)
     client = redis.Redis.from_url(redis_url)
     events_stream = f"{prefix}:events"
     seconds = args.minutes * 60
@@ -240,6 +241,10 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     procs = {"server": psutil.Process(server.pid), "simulator": psutil.Process(sim.pid)}
     if redis_proc is not None:
         procs["redis"] = psutil.Process(redis_proc.pid)
+    if args.api_process:  # the engine: the server's Python child (the API is the server)
+        [procs["engine"]] = [
+            c for c in procs["server"].children() if "spawn_main" in " ".join(c.cmdline())
+        ]
     threads = [
         threading.Thread(
             target=sample_rest, args=(api, stop, started, args.rest_every_ms / 1000, samples)
@@ -331,6 +336,12 @@ def main() -> int:
     parser.add_argument("--warmup-s", type=float, help="default: 10%% of the run, at most 60 s")
     parser.add_argument("--ack-delay-ms", type=int, default=0)
     parser.add_argument("--full-events", action="store_true")
+    parser.add_argument(
+        "--api-process",
+        action="store_true",
+        help="SPARKPOINT_API_PROCESS=1: the API in the server process, the coordination in a "
+        "child (the engine)",
+    )
     parser.add_argument("--redis-url", help="an existing Redis (default: start redis-server)")
     parser.add_argument("--database-url", help="default: SQLite in the server's data directory")
     parser.add_argument("--rest-every-ms", type=int, default=100)

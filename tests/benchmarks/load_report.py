@@ -105,6 +105,7 @@ def summarize(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
         "redis_memory": trend("redis_used_memory"),
         "server_rss": trend("server_rss"),
         "server_cpu": trend("server_cpu_pct"),
+        "engine_cpu": trend("engine_cpu_pct") if args.api_process else None,
         "redis_cpu": trend("redis_cpu_pct"),
         "sim_cpu_pct": 100 * r["cpu_s"] / r["wall_s"],
         "events_backlog": trend("events_lag"),
@@ -122,6 +123,9 @@ def summarize(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+SPLIT = " with SPARKPOINT_API_PROCESS=1: the API in it, the coordination in its engine child"
+
+
 def mib(x: float) -> str:
     return f"{x / (1 << 20):,.1f} MiB"
 
@@ -131,7 +135,8 @@ def table(args: argparse.Namespace, s: dict[str, Any]) -> str:
         return "met" if ok else "**missed**"
 
     lines = [
-        f"Load on a real control plane (`sparkpoint server` process, "
+        "Load on a real control plane (`sparkpoint server` process"
+        f"{SPLIT if args.api_process else ''}, "
         f"{'PostgreSQL' if args.database_url else 'SQLite'}, its own Redis): {args.jobs} "
         f"simulated connected jobs x parallelism {args.parallelism} (2 vertices: "
         f"{2 * args.parallelism} acknowledgements per checkpoint), checkpoint interval 1 s, "
@@ -182,6 +187,14 @@ def table(args: argparse.Namespace, s: dict[str, Any]) -> str:
         f"{s['restores']} / {s['ended']} | 0 | |",
         f"| server CPU (mean first / last fifth) | {s['server_cpu'][0]:.0f}% / "
         f"{s['server_cpu'][1]:.0f}% | | |",
+        *(
+            [
+                f"| engine process CPU (mean first / last fifth) | {s['engine_cpu'][0]:.0f}% / "
+                f"{s['engine_cpu'][1]:.0f}% | | |"
+            ]
+            if s["engine_cpu"]
+            else []
+        ),
         f"| Redis CPU (mean first / last fifth) | {s['redis_cpu'][0]:.0f}% / "
         f"{s['redis_cpu'][1]:.0f}% | | |",
         *_gc_rows(s["gc"], s["run_s"]),
