@@ -242,9 +242,15 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     if redis_proc is not None:
         procs["redis"] = psutil.Process(redis_proc.pid)
     if args.api_process:  # the engine: the server's Python child (the API is the server)
-        [procs["engine"]] = [
+        engines = [
             c for c in procs["server"].children() if "spawn_main" in " ".join(c.cmdline())
         ]
+        if len(engines) != 1:  # nothing may outlive the run
+            for proc in (sim, server, redis_proc):
+                if proc is not None:
+                    proc.kill()
+            raise RuntimeError(f"expected one engine process, found {engines}")
+        procs["engine"] = engines[0]
     threads = [
         threading.Thread(
             target=sample_rest, args=(api, stop, started, args.rest_every_ms / 1000, samples)
