@@ -242,9 +242,7 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     if redis_proc is not None:
         procs["redis"] = psutil.Process(redis_proc.pid)
     if args.api_process:  # the engine: the server's Python child (the API is the server)
-        engines = [
-            c for c in procs["server"].children() if "spawn_main" in " ".join(c.cmdline())
-        ]
+        engines = [c for c in procs["server"].children() if "spawn_main" in " ".join(c.cmdline())]
         if len(engines) != 1:  # nothing may outlive the run
             for proc in (sim, server, redis_proc):
                 if proc is not None:
