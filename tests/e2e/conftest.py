@@ -7,18 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.transport import redis_client
-
-from .control_plane import REDIS_URL, ServerProcess
+from .control_plane import ServerProcess, running
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path / "data")
-    srv.data_dir.mkdir()
-    srv.start()
-    yield srv
-    srv.stop()
-    client = redis_client(REDIS_URL)
-    for key in client.scan_iter(f"{srv.prefix}:*"):
-        client.delete(key)
+    yield from running(ServerProcess(tmp_path / "data"))

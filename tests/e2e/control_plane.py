@@ -9,12 +9,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from sparkpoint.signing import Signer, job_key, read_secret
+from sparkpoint.transport import redis_client
 
 from ..support.redis_server import REDIS_URL
 
@@ -101,3 +104,19 @@ class ServerProcess:
         return httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
         )
+
+
+S = TypeVar("S", bound=ServerProcess)
+
+
+def running(srv: S) -> Iterator[S]:
+    """A fixture's body: start ``srv`` in its data directory (created), yield it, stop it and
+    delete its streams."""
+    srv.data_dir.mkdir()
+    srv.start()
+    yield srv
+    srv.stop()
+    client = redis_client(REDIS_URL)
+    for key in client.scan_iter(f"{srv.prefix}:*"):
+        client.delete(key)
+    client.close()

@@ -24,10 +24,9 @@ import pytest
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.signing import job_key, read_secret
 from sparkpoint.testing import line_counts
-from sparkpoint.transport import redis_client
 
 from ..support.waiting import wait_for
-from .control_plane import REDIS_URL, ROOT, ServerProcess
+from .control_plane import REDIS_URL, ROOT, ServerProcess, running
 
 EVENTS, APPS = 6_000, 4
 
@@ -48,14 +47,7 @@ class SplitServer(ServerProcess):
 
 @pytest.fixture
 def split(tmp_path: Path) -> Iterator[SplitServer]:
-    srv = SplitServer(tmp_path / "data")
-    srv.data_dir.mkdir()
-    srv.start()
-    yield srv
-    srv.stop()
-    client = redis_client(REDIS_URL)
-    for key in client.scan_iter(f"{srv.prefix}:*"):
-        client.delete(key)
+    yield from running(SplitServer(tmp_path / "data"))
 
 
 def _gone(process: psutil.Process) -> bool:

@@ -21,10 +21,8 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.transport import redis_client
-
 from ..support.waiting import wait_for
-from .control_plane import REDIS_URL, ROOT, ServerProcess
+from .control_plane import REDIS_URL, ROOT, ServerProcess, running
 
 TIMEOUT_S = 2.0
 
@@ -63,15 +61,7 @@ class ShortHeartbeatServer(ServerProcess):
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ShortHeartbeatServer]:
-    srv = ShortHeartbeatServer(tmp_path / "data")
-    srv.data_dir.mkdir()
-    srv.start()
-    yield srv
-    srv.stop()
-    client = redis_client(REDIS_URL)
-    for key in client.scan_iter(f"{srv.prefix}:*"):
-        client.delete(key)
-    client.close()
+    yield from running(ShortHeartbeatServer(tmp_path / "data"))
 
 
 def test_a_killed_driver_fails_its_job_over_after_the_heartbeat_timeout(
