@@ -139,6 +139,8 @@ def create_app(settings: Settings, *, runner: Runner | EngineRunner | None = Non
         app.state.control_plane = runner.control_plane
         app.state.session_factory = runner.control_plane.sessions
         app.state.ingest_stats = runner.stats
+        # The process under load: the engine's, when the API runs in a process of its own.
+        app.state.gc_pauses = getattr(runner, "gc_pauses", None)
         app.state.redis_url = runner.redis_url
         log.info(
             "control plane ready; jobs connect to Redis at %s",

@@ -9,10 +9,10 @@ Runner`: Redis, migrations, the control plane, the ingest, the timers) in a chil
 
 - reads go to the database directly (SQLite in WAL mode lets them read while the engine
   writes; PostgreSQL as it is);
-- the API's commands (:class:`~sparkpoint_server.api.deps.ControlPlaneCommands`) and the
-  ingest's counters go to the engine over a local socket (``multiprocessing`` connections,
-  authenticated with a random key); a refused command comes back as the same status and
-  message;
+- the API's commands (:class:`~sparkpoint_server.api.deps.ControlPlaneCommands`), the
+  ingest's counters and the engine's garbage-collector pauses go to the engine over a local
+  socket (``multiprocessing`` connections, authenticated with a random key); a refused
+  command comes back as the same status and message;
 - a job's key is derived in the API process from the server secret in the data directory.
 
 The engine dies with the API process (``PR_SET_PDEATHSIG``), so a killed server never leaves
@@ -33,6 +33,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from sparkpoint.signing import job_key, load_or_create_secret
+from sparkpoint_server import gc_pauses
 from sparkpoint_server.config import Settings
 from sparkpoint_server.errors import ControlPlaneError
 from sparkpoint_server.storage.db import create_db_engine, session_factory
@@ -107,6 +108,7 @@ def _serve(conn: Connection, runner: Any) -> None:
         name: getattr(runner.control_plane, name) for name in COMMANDS
     }
     calls["ingest_stats"] = runner.stats.snapshot
+    calls["gc_pauses"] = gc_pauses.PAUSES.snapshot
     with conn:
         while True:
             try:
@@ -180,6 +182,16 @@ class RemoteStats:
         return self._calls("ingest_stats").get(name, 0)
 
 
+class RemoteGcPauses:
+    """The engine's garbage-collector pauses (``/metrics``: the process under load)."""
+
+    def __init__(self, calls: _Calls) -> None:
+        self._calls = calls
+
+    def snapshot(self) -> list[tuple[int, int, float, float]]:
+        return [tuple(row) for row in self._calls("gc_pauses")]
+
+
 class EngineRunner:
     """The API process's runner: starts the engine, hands the API its proxies, stops it."""
 
@@ -188,6 +200,7 @@ class EngineRunner:
         self.on_engine_exit = on_engine_exit
         self.control_plane: RemoteControlPlane | None = None
         self.stats: RemoteStats | None = None
+        self.gc_pauses: RemoteGcPauses | None = None
         self.redis_url = ""
         self._process: multiprocessing.process.BaseProcess | None = None
         self._stopping = threading.Event()
@@ -226,6 +239,7 @@ class EngineRunner:
         calls = _Calls(address, authkey)
         self.control_plane = RemoteControlPlane(calls, self.settings)
         self.stats = RemoteStats(calls)
+        self.gc_pauses = RemoteGcPauses(calls)
         threading.Thread(target=self._watch, name="sparkpoint-engine-watch", daemon=True).start()
         log.info("engine process %d ready", self._process.pid)
 

@@ -66,11 +66,16 @@ def test_the_api_answers_from_the_database_and_relays_the_engines_refusals(
         assert refused.json() == {"errors": ["job no-such-job not found"]}
         assert api.get("/jobs").json() == {"jobs": [], "total": 0}
         key = api.post("/jobs/some-job/key").json()["key"]
-        metrics = api.get("/metrics").text
+        scraped = api.get("/metrics")
+        assert scraped.status_code == 200
+        metrics = scraped.text
     secret = read_secret(split.data_dir)
     assert secret is not None
     assert key == job_key(secret, "some-job").hex()  # derived in the API process
     assert "sparkpoint_events_ingested_total 0" in metrics.splitlines()  # from the engine
+    # The garbage collector's pauses come from the engine too (a call over the socket).
+    gc_lines = [line for line in metrics.splitlines() if line.startswith("sparkpoint_gc_")]
+    assert len(gc_lines) == 9 and all(float(line.split()[-1]) >= 0 for line in gc_lines)
 
 
 @pytest.mark.spark

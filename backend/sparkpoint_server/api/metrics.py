@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -76,10 +77,11 @@ def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> l
 def render_metrics(
     snapshot: MetricsSnapshot,
     ingest_stats: object,
-    pauses: gc_pauses.GcPauses | None = None,
+    pauses: gc_pauses.GcPauses | Any = None,
 ) -> str:
     """The whole exposition: database families first, then the ingest counters, then the
-    garbage collector's pauses (``pauses``; default: this process's)."""
+    garbage collector's pauses (``pauses``, anything with ``GcPauses.snapshot``; default:
+    this process's)."""
     lines: list[str] = []
     lines += family(
         "sparkpoint_checkpoints_total",
@@ -153,4 +155,5 @@ def metrics(request: Request, sessions: SessionsDep) -> Response:
     with sessions() as session:
         snapshot = metrics_snapshot(session)
     stats = getattr(request.app.state, "ingest_stats", None)
-    return Response(render_metrics(snapshot, stats), media_type=CONTENT_TYPE)
+    pauses = getattr(request.app.state, "gc_pauses", None)
+    return Response(render_metrics(snapshot, stats, pauses), media_type=CONTENT_TYPE)
