@@ -29,7 +29,14 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import (
+    Client,
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
 from typing import Any
 
 from sparkpoint.signing import job_key, load_or_create_secret
@@ -88,22 +95,36 @@ def engine_main(settings: Settings, ready: Connection, authkey: bytes, parent: i
     except BaseException as err:
         ready.send(("failed", f"{type(err).__name__}: {err}"))
         raise
-    listener = Listener(("127.0.0.1", 0), authkey=authkey)
+    # No authkey here: the handshake runs in each connection's thread (_serve), so a client
+    # that fails it, or never answers, holds up no one else.
+    listener = Listener(("127.0.0.1", 0))
     ready.send(("ready", listener.address, runner.redis_url))
-    threading.Thread(target=_accept, args=(listener, runner), daemon=True).start()
+    threading.Thread(target=_accept, args=(listener, runner, authkey), daemon=True).start()
     stopped.wait()
     runner.stop()
 
 
-def _accept(listener: Listener, runner: Any) -> None:
+def _accept(listener: Listener, runner: Any, authkey: bytes) -> None:
     while True:
-        conn = listener.accept()
-        threading.Thread(target=_serve, args=(conn, runner), daemon=True).start()
+        try:
+            conn = listener.accept()
+        except OSError:
+            log.exception("engine: accepting a connection failed")
+            continue
+        threading.Thread(target=_serve, args=(conn, runner, authkey), daemon=True).start()
 
 
-def _serve(conn: Connection, runner: Any) -> None:
+def _serve(conn: Connection, runner: Any, authkey: bytes) -> None:
     """Answer one API connection's calls, in order: ``(name, args)`` → ``("ok", result)`` or
-    ``("refused", status, message)``."""
+    ``("refused", status, message)``; first both sides prove they hold ``authkey`` (nothing
+    is unpickled from a connection before that)."""
+    try:
+        deliver_challenge(conn, authkey)
+        answer_challenge(conn, authkey)
+    except (AuthenticationError, EOFError, OSError) as err:
+        log.warning("engine: refused a connection: %s", err)
+        conn.close()
+        return
     calls: dict[str, Callable[..., Any]] = {
         name: getattr(runner.control_plane, name) for name in COMMANDS
     }

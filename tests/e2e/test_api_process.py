@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +123,26 @@ def test_a_connected_job_fails_over_through_the_engine_and_commits_exactly_once(
         counts = api.get("/jobs/split-pv/checkpoints").json()["counts"]
     assert job["restarts"] >= 1
     assert counts["completed"] >= 1 and counts["restored"] >= 1
+
+
+@pytest.mark.timeout(60)  # a handshake that blocks the engine's accept hangs this test
+def test_a_connection_without_the_engines_key_is_refused_and_blocks_no_one(
+    split: SplitServer,
+) -> None:
+    [address] = [
+        c.laddr
+        for c in split.engine().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    silent = socket.create_connection(tuple(address))  # connects, never answers the challenge
+    try:
+        with pytest.raises(AuthenticationError):
+            Client(tuple(address), authkey=b"not the engine's key")
+        with split.api() as api:  # the API's own calls still go through
+            refused = api.post("/jobs/no-such-job/checkpoints")
+        assert refused.status_code == 404
+    finally:
+        silent.close()
 
 
 def test_the_engine_dies_with_the_server(split: SplitServer) -> None:
