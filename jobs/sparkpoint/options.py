@@ -126,7 +126,7 @@ def parse_job_options(
             none: ``()``); any other leftover ``--option`` close to a product option is
             refused. None (the default) skips that check, for a caller that cannot know the
             job's options (``sparkpoint run`` before the job starts): the job's
-            :meth:`~sparkpoint.graph.StreamExecutionEnvironment.from_args` checks.
+            :meth:`~sparkpoint.environment.StreamExecutionEnvironment.from_args` checks.
 
     Raises:
         ConfigurationError: an option has an invalid value, or a leftover ``--option`` is
