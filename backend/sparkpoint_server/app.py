@@ -48,6 +48,7 @@ class Runner:
     control_plane: ControlPlane | None = None
     consumer: EventConsumer | None = None
     stats: IngestStats = field(default_factory=IngestStats)
+    gc_pauses: gc_pauses.GcPauses = field(default_factory=lambda: gc_pauses.PAUSES)
     redis_url: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -98,7 +99,7 @@ class Runner:
         if background:
             gc.freeze()  # what start-up allocated lives as long as the process
             gc.set_threshold(*GC_THRESHOLDS)
-            gc_pauses.install()  # GET /metrics: sparkpoint_gc_*
+            self.gc_pauses = gc_pauses.install()  # GET /metrics: sparkpoint_gc_*
             self._spawn("sparkpoint-ingest", self.consumer.run, self._stop)
             self._spawn("sparkpoint-retention", retention.run, self._stop, s.stream_trim_interval)
             self._spawn("sparkpoint-timers", self._timers)
@@ -140,7 +141,7 @@ def create_app(settings: Settings, *, runner: Runner | EngineRunner | None = Non
         app.state.session_factory = runner.control_plane.sessions
         app.state.ingest_stats = runner.stats
         # The process under load: the engine's, when the API runs in a process of its own.
-        app.state.gc_pauses = getattr(runner, "gc_pauses", None)
+        app.state.gc_pauses = runner.gc_pauses
         app.state.redis_url = runner.redis_url
         log.info(
             "control plane ready; jobs connect to Redis at %s",

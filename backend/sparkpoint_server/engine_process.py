@@ -179,7 +179,8 @@ class RemoteControlPlane:
 
     def __init__(self, calls: _Calls, settings: Settings) -> None:
         self._calls = calls
-        self.sessions = session_factory(create_db_engine(settings.effective_database_url))
+        self.engine = create_db_engine(settings.effective_database_url)
+        self.sessions = session_factory(self.engine)
         secret = load_or_create_secret(settings.data_dir)  # the engine made it at start
         self.key_of: Callable[[str], bytes] = lambda job_id: job_key(secret, job_id)
         for name in COMMANDS:
@@ -273,6 +274,8 @@ class EngineRunner:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self.control_plane is not None:
+            self.control_plane.engine.dispose()
         if self._process is None or self._process.pid is None:
             return
         if self._process.is_alive():

@@ -11,9 +11,16 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 GENERATIONS = (0, 1, 2)
+
+
+class PauseSource(Protocol):
+    """Where ``/metrics`` reads the pauses: this process's :class:`GcPauses`, or the
+    engine's through the API process (``engine_process.RemoteGcPauses``)."""
+
+    def snapshot(self) -> list[tuple[int, int, float, float]]: ...
 
 
 @dataclass

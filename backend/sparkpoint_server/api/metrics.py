@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -77,11 +76,10 @@ def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> l
 def render_metrics(
     snapshot: MetricsSnapshot,
     ingest_stats: object,
-    pauses: gc_pauses.GcPauses | Any = None,
+    pauses: gc_pauses.PauseSource | None = None,
 ) -> str:
     """The whole exposition: database families first, then the ingest counters, then the
-    garbage collector's pauses (``pauses``, anything with ``GcPauses.snapshot``; default:
-    this process's)."""
+    garbage collector's pauses (``pauses``; default: this process's)."""
     lines: list[str] = []
     lines += family(
         "sparkpoint_checkpoints_total",
