@@ -2,9 +2,10 @@
 
 Each fault acts on the processes of one chaos run (:class:`ChaosTargets`): the supervisor
 (``sparkpoint run``), its driver (the Python process), the driver's Spark JVM and the Python
-workers under it, the control plane (``sparkpoint server``) and its embedded Redis; on the
-checkpoint storage (a small tmpfs that can be filled to ``ENOSPC``) and on the control plane's
-SQLite database (held under an exclusive lock). A fault that finds nothing to act on (no Python
+workers under it, the control plane (``sparkpoint server``), its engine (the child that
+coordinates, unless the server runs in one process) and its embedded Redis; on the checkpoint
+storage (a small tmpfs that can be filled to ``ENOSPC``) and on the control plane's SQLite
+database (held under an exclusive lock). A fault that finds nothing to act on (no Python
 worker alive at that instant) says so and is counted as skipped, never as run.
 """
 
@@ -30,6 +31,7 @@ KINDS = (
     "driver-jvm",
     "driver",
     "control-plane",
+    "engine",
     "redis",
     "storage-full",
     "database-locked",
@@ -139,6 +141,23 @@ class ChaosTargets:
         time.sleep(down)
         self.restart_control_plane()
         return FaultResult("control-plane", True, f"SIGKILL pid {pid}, down {down:.1f} s")
+
+    def _engine(self) -> FaultResult:
+        """SIGKILL of the engine alone: the server sees it, stops (non-zero) and is started
+        again, as its supervisor would."""
+        pid = self.server_pid()
+        if pid is None:
+            return FaultResult("engine", False, "no control plane alive")
+        engines = [p for p in _descendants(pid) if "spawn_main" in _cmdline(p)]
+        if not engines:
+            return FaultResult("engine", False, "the control plane runs in one process")
+        _kill(engines[0])
+        with contextlib.suppress(ChildProcessError):
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) == 0:
+                raise AssertionError("the server ended with status 0 when its engine died")
+        self.restart_control_plane()
+        return FaultResult("engine", True, f"SIGKILL engine pid {engines[0].pid} of {pid}")
 
     def _redis(self) -> FaultResult:
         try:

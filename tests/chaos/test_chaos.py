@@ -4,8 +4,11 @@ The PV job runs supervised (``sparkpoint run``) against a real ``sparkpoint serv
 embedded Redis and SQLite, checkpoints every second into a tmpfs of its own. Faults come at
 random moments (a seeded schedule, every kind in turn; start-up, warm-up and restore included):
 a Python worker, the driver's JVM or the driver process killed, the control plane killed and
-restarted, the embedded Redis killed, the checkpoint storage full then freed, the database
-locked for 10 s. When the faults stop the job must finish by itself, and then:
+restarted, its engine alone killed (the server then stops and is restarted), the embedded
+Redis killed, the checkpoint storage full then freed, the database
+locked for 10 s. It runs twice: with the server as it starts by default (the API and its
+engine, two processes) and in one process (``SPARKPOINT_API_PROCESS=false``, where the engine
+fault finds no engine and is skipped). When the faults stop the job must finish by itself, and then:
 
 - the committed output equals a failure-free run's (every ``{"app_id", "pv": k}`` once);
 - no in-progress part, no state file outside a retained checkpoint, no working state is left;
@@ -16,7 +19,8 @@ locked for 10 s. When the faults stop the job must finish by itself, and then:
 ``SPARKPOINT_CHAOS_SECONDS`` sets how long faults come (default 60, the bounded form that
 ``make test-slow`` runs; ``make chaos`` runs 300), ``SPARKPOINT_CHAOS_SEED`` the schedule,
 ``SPARKPOINT_CHAOS_KINDS`` (comma-separated) which faults come. A report
-of every fault goes to ``SPARKPOINT_CHAOS_REPORT`` (default ``.sparkpoint/chaos/report.md``).
+of every fault goes to ``SPARKPOINT_CHAOS_REPORT`` (default ``.sparkpoint/chaos/report.md``),
+one per server mode: ``report-two-processes.md`` and ``report-one-process.md``.
 """
 
 from __future__ import annotations
@@ -54,12 +58,17 @@ APPS, RATE = 10, 1_000
 pytestmark = [pytest.mark.chaos, pytest.mark.spark, pytest.mark.timeout(SECONDS + 900)]
 
 
+@dataclass
 class EmbeddedServer(ServerProcess):
-    """``sparkpoint server`` with its own embedded Redis (no ``REDIS_URL``) and SQLite."""
+    """``sparkpoint server`` with its own embedded Redis (no ``REDIS_URL``) and SQLite, in
+    two processes (the API and its engine, the default) or in one."""
+
+    api_process: bool = True
 
     def env(self) -> dict[str, str]:
         env = super().env()
         env.pop("REDIS_URL")
+        env["SPARKPOINT_API_PROCESS"] = "true" if self.api_process else "false"
         return env
 
 
@@ -69,6 +78,7 @@ class ChaosRun:
     server: EmbeddedServer
     job_id: str = field(default_factory=lambda: f"chaos{uuid.uuid4().hex[:12]}")
     storage_mounted: bool = False
+    mode: str = "two processes"
     faults: list[tuple[float, FaultResult]] = field(default_factory=list)
 
     @property
@@ -128,11 +138,12 @@ class ChaosRun:
         )
 
 
-@pytest.fixture
-def chaos(tmp_path: Path) -> Iterator[ChaosRun]:
+@pytest.fixture(params=["two processes", "one process"])
+def chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChaosRun]:
     data = tmp_path / "data"
     data.mkdir()
-    run = ChaosRun(tmp_path, EmbeddedServer(data))
+    server = EmbeddedServer(data, api_process=request.param == "two processes")
+    run = ChaosRun(tmp_path, server, mode=request.param)
     run.storage_mounted = mount_tmpfs(run.checkpoints, size_mb=64)
     run.server.start()
     try:
@@ -174,10 +185,11 @@ def _left_in_storage(job_dir: Path) -> list[str]:
 
 def _write_report(run: ChaosRun, summary: dict[str, Any]) -> None:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
+    report = REPORT.with_name(f"{REPORT.stem}-{run.mode.replace(' ', '-')}{REPORT.suffix}")
     ran = Counter(r.kind for _, r in run.faults if r.ran)
     skipped = Counter(r.kind for _, r in run.faults if not r.ran)
     lines = [
-        f"# Chaos run (seed {SEED}, faults for {SECONDS:g} s)",
+        f"# Chaos run, server in {run.mode} (seed {SEED}, faults for {SECONDS:g} s)",
         "",
         "| fault | ran | skipped |",
         "|---|---|---|",
@@ -192,7 +204,7 @@ def _write_report(run: ChaosRun, summary: dict[str, Any]) -> None:
             for t, r in run.faults
         ),
     ]
-    REPORT.write_text("\n".join(lines) + "\n")
+    report.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
