@@ -42,8 +42,9 @@ class Settings(BaseSettings):
     # read and write (comma-separated URLs or paths; unset: see service/storage_io.py).
     storage_timeout: float = Field(default=30.0, gt=0, le=3600)
     storage_roots: str | None = None
-    # The REST API in a process of its own, the coordination in a child (engine_process.py).
-    api_process: bool = False
+    # The REST API in a process of its own, the coordination in a child (engine_process.py);
+    # false: both in one process.
+    api_process: bool = True
 
     @field_validator("storage_roots")
     @classmethod

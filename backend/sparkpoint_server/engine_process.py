@@ -1,9 +1,10 @@
-"""``SPARKPOINT_API_PROCESS=1``: the REST API in one process, the coordination in another.
+"""The REST API in one process, the coordination in another (``SPARKPOINT_API_PROCESS``,
+on by default).
 
 In one process, the ingest, the completions and the timers share Python's interpreter lock
 with the API: at 200 jobs that process runs at ~100 % of a core and a REST request waits its
-turn (p99 107-230 ms against 7 ms with no load; ``tests/benchmarks/results/load.md``). With
-this setting ``sparkpoint server`` starts the coordination (the :class:`~sparkpoint_server.app.
+turn (p99 107-230 ms against 7 ms with no load; ``tests/benchmarks/results/load.md``). So
+``sparkpoint server`` starts the coordination (the :class:`~sparkpoint_server.app.
 Runner`: Redis, migrations, the control plane, the ingest, the timers) in a child process, the
 *engine*, and serves the API in its own process:
 
@@ -15,8 +16,9 @@ Runner`: Redis, migrations, the control plane, the ingest, the timers) in a chil
   command comes back as the same status and message;
 - a job's key is derived in the API process from the server secret in the data directory.
 
-The engine dies with the API process (``PR_SET_PDEATHSIG``), so a killed server never leaves
-a coordinating orphan behind; when the engine dies, the API process stops too (exit status 1)
+The engine dies with the API process (``PR_SET_PDEATHSIG`` on Linux; elsewhere it sees within
+a second that its parent is gone and stops), so a killed server never leaves a coordinating
+orphan behind; when the engine dies, the API process stops too (exit status 1)
 and whatever supervises the server restarts both.
 """
 
@@ -59,6 +61,9 @@ COMMANDS = (
 )
 #: How long the API process waits for the engine to be ready (migrations, recovery).
 START_TIMEOUT_S = 300.0
+#: How often the engine checks that the API process is still its parent (where no death
+#: signal tells it: not Linux).
+PARENT_CHECK_S = 1.0
 
 
 class EngineCommandError(ControlPlaneError):
@@ -100,7 +105,10 @@ def engine_main(settings: Settings, ready: Connection, authkey: bytes, parent: i
     listener = Listener(("127.0.0.1", 0))
     ready.send(("ready", listener.address, runner.redis_url))
     threading.Thread(target=_accept, args=(listener, runner, authkey), daemon=True).start()
-    stopped.wait()
+    while not stopped.wait(PARENT_CHECK_S):
+        if os.getppid() != parent:  # the API process is gone and no death signal came
+            log.warning("engine: the API process (pid %d) is gone; stopping", parent)
+            break
     runner.stop()
 
 

@@ -178,7 +178,7 @@ def start_redis(base: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_server(
-    base: Path, redis_url: str, prefix: str, database_url: str | None, api_process: bool = False
+    base: Path, redis_url: str, prefix: str, database_url: str | None, api_process: bool = True
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
@@ -189,7 +189,7 @@ def start_server(
         "SPARKPOINT_API_TOKEN": secrets.token_urlsafe(24),
     }
     env.pop("DATABASE_URL", None)
-    env["SPARKPOINT_API_PROCESS"] = "1" if api_process else "0"
+    env["SPARKPOINT_API_PROCESS"] = "true" if api_process else "false"
     if database_url:
         env["DATABASE_URL"] = database_url
     log = (base / "server.log").open("wb")
@@ -341,10 +341,11 @@ def main() -> int:
     parser.add_argument("--ack-delay-ms", type=int, default=0)
     parser.add_argument("--full-events", action="store_true")
     parser.add_argument(
-        "--api-process",
-        action="store_true",
-        help="SPARKPOINT_API_PROCESS=1: the API in the server process, the coordination in a "
-        "child (the engine)",
+        "--one-process",
+        dest="api_process",
+        action="store_false",
+        help="SPARKPOINT_API_PROCESS=false: the API and the coordination in one server process "
+        "(default: the API in the server process, the coordination in its child, the engine)",
     )
     parser.add_argument("--redis-url", help="an existing Redis (default: start redis-server)")
     parser.add_argument("--database-url", help="default: SQLite in the server's data directory")

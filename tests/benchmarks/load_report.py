@@ -123,7 +123,8 @@ def summarize(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SPLIT = " with SPARKPOINT_API_PROCESS=1: the API in it, the coordination in its engine child"
+SPLIT = ": the API in it, the coordination in its engine child"
+ONE = " with SPARKPOINT_API_PROCESS=false: the API and the coordination in it"
 
 
 def mib(x: float) -> str:
@@ -136,7 +137,7 @@ def table(args: argparse.Namespace, s: dict[str, Any]) -> str:
 
     lines = [
         "Load on a real control plane (`sparkpoint server` process"
-        f"{SPLIT if args.api_process else ''}, "
+        f"{SPLIT if args.api_process else ONE}, "
         f"{'PostgreSQL' if args.database_url else 'SQLite'}, its own Redis): {args.jobs} "
         f"simulated connected jobs x parallelism {args.parallelism} (2 vertices: "
         f"{2 * args.parallelism} acknowledgements per checkpoint), checkpoint interval 1 s, "

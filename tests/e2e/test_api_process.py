@@ -1,5 +1,5 @@
-"""``SPARKPOINT_API_PROCESS=1``: the REST API in the server process, the coordination in its
-engine child (``sparkpoint_server/engine_process.py``).
+"""``SPARKPOINT_API_PROCESS`` (on by default): the REST API in the server process, the
+coordination in its engine child (``sparkpoint_server/engine_process.py``); off, one process.
 
 A connected PV job fails, is restored by the engine and commits exactly what a run without
 the failure commits; the API answers reads from the database and the engine's refusals with
@@ -38,14 +38,32 @@ class SplitServer(ServerProcess):
     def env(self) -> dict[str, str]:
         return {**super().env(), "SPARKPOINT_API_PROCESS": "1"}
 
-    def engine(self) -> psutil.Process:
+    def engines(self) -> list[psutil.Process]:
         assert self.proc is not None
-        [engine] = [
+        return [
             c
             for c in psutil.Process(self.proc.pid).children()
             if "spawn_main" in " ".join(c.cmdline())
         ]
+
+    def engine(self) -> psutil.Process:
+        [engine] = self.engines()
         return engine
+
+
+class DefaultServer(SplitServer):
+    """The server as it starts when ``SPARKPOINT_API_PROCESS`` is not set, or set to ``mode``."""
+
+    def __init__(self, data_dir: Path, mode: str | None) -> None:
+        super().__init__(data_dir)
+        self.mode = mode
+
+    def env(self) -> dict[str, str]:
+        env = ServerProcess.env(self)
+        env.pop("SPARKPOINT_API_PROCESS", None)
+        if self.mode is not None:
+            env["SPARKPOINT_API_PROCESS"] = self.mode
+        return env
 
 
 @pytest.fixture
@@ -166,3 +184,19 @@ def test_an_interrupted_server_stops_its_engine(split: SplitServer) -> None:
     split.proc.send_signal(signal.SIGINT)
     assert split.proc.wait(timeout=60) == 0
     wait_for("the engine to stop", lambda: _gone(engine), timeout_s=10)
+
+
+@pytest.fixture(params=[(None, 1), ("false", 0)], ids=["unset", "false"])
+def default_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DefaultServer]:
+    yield from running(DefaultServer(tmp_path / "data", request.param[0]))
+
+
+def test_the_server_runs_an_engine_unless_told_to_run_in_one_process(
+    request: pytest.FixtureRequest, default_server: DefaultServer
+) -> None:
+    _mode, engines = request.node.callspec.params["default_server"]
+    assert len(default_server.engines()) == engines
+    with default_server.api() as api:
+        answer = api.post("/jobs/no-such-job/checkpoints")
+    assert answer.status_code == 404, answer.text
+    assert "no-such-job" in answer.json()["errors"][0]
