@@ -18,8 +18,10 @@ Runner`: Redis, migrations, the control plane, the ingest, the timers) in a chil
 
 The engine dies with the API process (``PR_SET_PDEATHSIG`` on Linux; elsewhere it sees within
 a second that its parent is gone and stops), so a killed server never leaves a coordinating
-orphan behind; when the engine dies, the API process stops too (exit status 1)
-and whatever supervises the server restarts both.
+orphan behind. When the engine dies, the API process starts it again (it recovers as any
+restarted control plane does; meanwhile the API answers reads, and commands with 503), up to
+:data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW_S`; the next death stops the server
+(non-zero), for whatever supervises it to act.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import os
 import secrets
 import signal
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import (
@@ -64,6 +67,11 @@ START_TIMEOUT_S = 300.0
 #: How often the engine checks that the API process is still its parent (where no death
 #: signal tells it: not Linux).
 PARENT_CHECK_S = 1.0
+#: A dead engine is started again after RESTART_DELAY_S, at most MAX_RESTARTS times within
+#: RESTART_WINDOW_S seconds; the next death within that window stops the server.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600.0
+RESTART_DELAY_S = 1.0
 
 
 class EngineCommandError(ControlPlaneError):
@@ -72,6 +80,12 @@ class EngineCommandError(ControlPlaneError):
     def __init__(self, status_code: int, message: str) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class EngineUnavailableError(ControlPlaneError):
+    """The engine did not answer: it died and is being started again (or the server stops)."""
+
+    status_code = 503
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -158,23 +172,34 @@ def _serve(conn: Connection, runner: Any, authkey: bytes) -> None:
 
 
 class _Calls:
-    """Calls to the engine over one connection per API thread."""
+    """Calls to the engine over one connection per API thread; :meth:`retarget` points them
+    at a restarted engine (each thread reconnects at its next call)."""
 
     def __init__(self, address: Any, authkey: bytes) -> None:
-        self._address = address
-        self._authkey = authkey
+        self._target = (address, authkey, 0)  # and its generation
         self._local = threading.local()
 
+    def retarget(self, address: Any, authkey: bytes) -> None:
+        self._target = (address, authkey, self._target[2] + 1)
+
     def __call__(self, name: str, *args: Any) -> Any:
+        address, authkey, generation = self._target
         conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = Client(self._address, authkey=self._authkey)
         try:
+            if conn is None or self._local.generation != generation:
+                if conn is not None:
+                    conn.close()
+                self._local.conn = None
+                conn = Client(address, authkey=authkey)
+                self._local.conn, self._local.generation = conn, generation
             conn.send((name, args))
             answer = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError, AuthenticationError) as err:
             self._local.conn = None
-            raise
+            raise EngineUnavailableError(
+                f"the control plane's engine did not answer {name} ({type(err).__name__}); "
+                "it is being started again: retry in a few seconds"
+            ) from err
         if answer[0] == "ok":
             return answer[1]
         if answer[0] == "refused":
@@ -223,17 +248,25 @@ class RemoteGcPauses:
 
 
 class EngineRunner:
-    """The API process's runner: starts the engine, hands the API its proxies, stops it."""
+    """The API process's runner: starts the engine, hands the API its proxies, starts the
+    engine again when it dies (the API answers meanwhile, commands with 503), stops it."""
 
     def __init__(self, settings: Settings, on_engine_exit: Callable[[int | None], None]) -> None:
         self.settings = settings
-        self.on_engine_exit = on_engine_exit
+        self.on_engine_exit = on_engine_exit  # the engine died once too often: the end
         self.control_plane: RemoteControlPlane | None = None
         self.stats: RemoteStats | None = None
         self.gc_pauses: RemoteGcPauses | None = None
         self.redis_url = ""
+        self.restarts = 0
+        self._calls: _Calls | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._stopping = threading.Event()
+        self._up = threading.Event()  # an engine answers (not between a death and its restart)
+
+    def engine_up(self) -> bool:
+        """Whether an engine is running and ready (``GET /healthz``)."""
+        return self._up.is_set()
 
     def start(self) -> None:
         """Start the engine and wait until it is ready.
@@ -242,53 +275,98 @@ class EngineRunner:
             RuntimeError: the engine failed to start (its error), died or did not get ready
                 within :data:`START_TIMEOUT_S`.
         """
+        address, authkey = self._spawn()
+        self._calls = calls = _Calls(address, authkey)
+        self.control_plane = RemoteControlPlane(calls, self.settings)
+        self.stats = RemoteStats(calls)
+        self.gc_pauses = RemoteGcPauses(calls)
+        self._up.set()
+        threading.Thread(target=self._watch, name="sparkpoint-engine-watch", daemon=True).start()
+
+    def _spawn(self) -> tuple[Any, bytes]:
+        """Start an engine process (``self._process``) and wait for it: its address and key."""
         context = multiprocessing.get_context("spawn")
         receive, send = context.Pipe(duplex=False)
         authkey = secrets.token_bytes(32)
-        self._process = context.Process(
+        self._process = process = context.Process(
             target=engine_main,
             args=(self.settings, send, authkey, os.getpid()),
             name="sparkpoint-engine",
             daemon=False,
         )
-        self._process.start()
+        process.start()
         send.close()
         if not receive.poll(START_TIMEOUT_S):
-            self._process.kill()
+            process.kill()
             raise RuntimeError(f"the engine was not ready within {START_TIMEOUT_S:g} s")
         try:
             message = receive.recv()
         except EOFError:
-            self._process.join(5)
+            process.join(5)
             raise RuntimeError(
-                f"the engine exited while starting (exit code {self._process.exitcode})"
+                f"the engine exited while starting (exit code {process.exitcode})"
             ) from None
         if message[0] != "ready":
             raise RuntimeError(f"the engine failed to start: {message[1]}")
         _, address, self.redis_url = message
-        calls = _Calls(address, authkey)
-        self.control_plane = RemoteControlPlane(calls, self.settings)
-        self.stats = RemoteStats(calls)
-        self.gc_pauses = RemoteGcPauses(calls)
-        threading.Thread(target=self._watch, name="sparkpoint-engine-watch", daemon=True).start()
-        log.info("engine process %d ready", self._process.pid)
+        log.info("engine process %d ready", process.pid)
+        return address, authkey
 
     def _watch(self) -> None:
-        assert self._process is not None
-        self._process.join()
-        if not self._stopping.is_set():
-            log.error("the engine process exited (exit code %s)", self._process.exitcode)
-            self.on_engine_exit(self._process.exitcode)
+        """Start the engine again each time it dies, until it died more than
+        :data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW_S`: then the server stops."""
+        deaths: list[float] = []
+        while True:
+            process = self._process
+            assert process is not None and self._calls is not None
+            process.join()
+            self._up.clear()
+            if self._stopping.is_set():
+                return
+            now = time.monotonic()
+            deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+            if len(deaths) > MAX_RESTARTS:
+                log.error(
+                    "the engine process exited (exit code %s), %d times within %g s: stopping",
+                    process.exitcode,
+                    len(deaths),
+                    RESTART_WINDOW_S,
+                )
+                self.on_engine_exit(process.exitcode)
+                return
+            log.error(
+                "the engine process exited (exit code %s); starting it again in %g s",
+                process.exitcode,
+                RESTART_DELAY_S,
+            )
+            if self._stopping.wait(RESTART_DELAY_S):
+                return
+            try:
+                self._calls.retarget(*self._spawn())
+            except RuntimeError:  # counted as one more death
+                log.exception("starting the engine again failed")
+                if self._process is not None and self._process.is_alive():
+                    self._process.kill()
+                continue
+            self.restarts += 1
+            self._up.set()
+            if self._stopping.is_set() and self._process is not None:
+                self._terminate(self._process)  # stop() ran meanwhile and missed this one
 
     def stop(self) -> None:
         self._stopping.set()
         if self.control_plane is not None:
             self.control_plane.engine.dispose()
-        if self._process is None or self._process.pid is None:
+        if self._process is not None:
+            self._terminate(self._process)
+
+    @staticmethod
+    def _terminate(process: multiprocessing.process.BaseProcess) -> None:
+        if process.pid is None:
             return
-        if self._process.is_alive():
-            os.kill(self._process.pid, signal.SIGTERM)
-            self._process.join(30)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGTERM)
+            process.join(30)
+        if process.is_alive():
+            process.kill()
+            process.join(5)

@@ -13,7 +13,7 @@ import uvicorn
 from sparkpoint_server.app import create_app
 from sparkpoint_server.config import Settings, load_settings
 from sparkpoint_server.data_dir_lock import DataDirectoryInUseError, DataDirectoryLock
-from sparkpoint_server.engine_process import EngineRunner
+from sparkpoint_server.engine_process import MAX_RESTARTS, RESTART_WINDOW_S, EngineRunner
 from sparkpoint_server.errors import SettingsError
 
 TOKEN_FILE = "api-token"
@@ -117,7 +117,8 @@ def _serve_locked(host: str, port: int, given: Settings) -> int:
 
     def on_engine_exit(code: int | None) -> None:
         print(
-            f"sparkpoint server: the engine process exited (code {code}); stopping the API",
+            f"sparkpoint server: the engine process exited (code {code}): "
+            f"{MAX_RESTARTS + 1} deaths within {RESTART_WINDOW_S:g} s; stopping the API",
             file=sys.stderr,
             flush=True,
         )

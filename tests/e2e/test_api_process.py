@@ -3,7 +3,8 @@ coordination in its engine child (``sparkpoint_server/engine_process.py``); off,
 
 A connected PV job fails, is restored by the engine and commits exactly what a run without
 the failure commits; the API answers reads from the database and the engine's refusals with
-their status and message; the engine dies with the server, and the server with the engine.
+their status and message; the engine dies with the server; a dead engine is started again
+(commands answer 503 meanwhile), and the server stops when its engine keeps dying.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ import numpy as np
 import psutil
 import pytest
 
+from sparkpoint import protocol as p
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.signing import job_key, read_secret
 from sparkpoint.testing import line_counts
+from sparkpoint.transport import RedisEventSink, Streams, redis_client
+from sparkpoint_server.engine_process import MAX_RESTARTS
 
 from ..support.waiting import wait_for
 from .control_plane import REDIS_URL, ROOT, ServerProcess, running
@@ -39,12 +43,16 @@ class SplitServer(ServerProcess):
         return {**super().env(), "SPARKPOINT_API_PROCESS": "1"}
 
     def engines(self) -> list[psutil.Process]:
+        """The live engine processes (a killed one is a zombie until the server reaps it)."""
         assert self.proc is not None
-        return [
-            c
-            for c in psutil.Process(self.proc.pid).children()
-            if "spawn_main" in " ".join(c.cmdline())
-        ]
+        found = []
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                if "spawn_main" in " ".join(child.cmdline()):
+                    found.append(child)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+        return found
 
     def engine(self) -> psutil.Process:
         [engine] = self.engines()
@@ -169,9 +177,70 @@ def test_the_engine_dies_with_the_server(split: SplitServer) -> None:
     wait_for("the engine to die with the server", lambda: _gone(engine), timeout_s=10)
 
 
-def test_the_server_stops_when_its_engine_dies(split: SplitServer) -> None:
+def _new_engine(server: SplitServer, old: psutil.Process) -> psutil.Process:
+    """The engine that replaced ``old``, once it answers."""
+
+    def replaced() -> bool:
+        engines = server.engines()
+        return len(engines) == 1 and engines[0].pid != old.pid and _answers(server)
+
+    wait_for("the engine to be started again", replaced, timeout_s=60)
+    return server.engine()
+
+
+def _answers(server: SplitServer) -> bool:
+    with server.api() as api:  # /metrics reads the engine's ingest counters
+        return api.get("/metrics").status_code == 200
+
+
+def test_a_dead_engine_is_started_again_while_the_api_answers(split: SplitServer) -> None:
+    client = redis_client(REDIS_URL)
+    sink = RedisEventSink(client, Streams(prefix=split.prefix), signer=split.signer())
+    vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
+    registered = p.JobRegistered(
+        job_name="pv", vertices=[vertex], edges=[], config={}, incarnation="d1"
+    )
+    sink.publish(
+        [
+            p.envelope("job-split", 0, 0, registered),
+            p.envelope("job-split", 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
+        ]
+    )
+    with split.api() as api:
+        wait_for(
+            "the job to run",
+            lambda: api.get("/jobs/job-split").json().get("state") == "RUNNING",
+            timeout_s=30,
+        )
+        engine = split.engine()
+        engine.send_signal(signal.SIGKILL)
+        meanwhile = api.post("/jobs/job-split/checkpoints")
+        health = api.get("/healthz")
+        alone = not split.engines()  # no engine had started again when they answered
+        assert api.get("/jobs/job-split").status_code == 200  # reads: from the database
+    # While no engine runs, a command is refused as unavailable, naming the engine (never a
+    # 500), and the health check says so.
+    if alone:
+        assert meanwhile.status_code == 503, meanwhile.text
+        assert "engine did not answer trigger_checkpoint" in meanwhile.json()["errors"][0]
+        assert health.status_code == 503, health.text
+        assert "engine is not running" in health.json()["errors"][0]
+    else:
+        assert meanwhile.status_code in (503, 202), meanwhile.text
+    _new_engine(split, engine)
+    with split.api() as api:
+        assert api.post("/jobs/job-split/checkpoints").status_code == 202
+        assert api.get("/healthz").json() == {"status": "ok"}
+    assert split.proc is not None and split.proc.poll() is None
+
+
+def test_the_server_stops_when_its_engine_keeps_dying(split: SplitServer) -> None:
     assert split.proc is not None
-    split.engine().send_signal(signal.SIGKILL)
+    engine = split.engine()
+    for _ in range(MAX_RESTARTS):
+        engine.send_signal(signal.SIGKILL)
+        engine = _new_engine(split, engine)
+    engine.send_signal(signal.SIGKILL)  # one death more than the server restarts
     deadline = time.monotonic() + 30
     while split.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

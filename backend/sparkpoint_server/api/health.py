@@ -1,8 +1,9 @@
-"""``GET /healthz``: the control plane answers and reaches its database."""
+"""``GET /healthz``: the control plane answers, reaches its database and (in two processes) has
+its engine running."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -16,12 +17,18 @@ router = APIRouter(tags=["health"])
 @router.get(
     "/healthz",
     summary="Health check",
-    description='`{"status": "ok"}` when the database answers `SELECT 1`; otherwise 503 '
-    "with the database error. Never needs a token.",
+    description='`{"status": "ok"}` when the database answers `SELECT 1` and the engine (the '
+    "process that coordinates, when the API runs in a process of its own) is running; otherwise "
+    "503 with the database error, or saying that the engine is being started again. Never "
+    "needs a token.",
     response_model=None,
     responses={**answer(Health), **answer(Unhealthy, 503)},
 )
-def healthz(sessions: SessionsDep) -> JSONResponse:
+def healthz(request: Request, sessions: SessionsDep) -> JSONResponse:
+    engine_up = getattr(request.app.state, "engine_up", None)
+    if engine_up is not None and not engine_up():
+        error = "the control plane's engine is not running; it is being started again"
+        return json_response({"status": "unavailable", "errors": [error]}, 503)
     try:
         with sessions() as session:
             ping(session)
