@@ -54,6 +54,18 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _engines(server_pid: int) -> list[psutil.Process]:
+    """The live engine processes of the server (its spawned Python children)."""
+    return [p for p in _descendants(server_pid) if "spawn_main" in _cmdline(p)]
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _cmdline(proc: psutil.Process) -> str:
     try:
         return " ".join(proc.cmdline())
@@ -143,21 +155,32 @@ class ChaosTargets:
         return FaultResult("control-plane", True, f"SIGKILL pid {pid}, down {down:.1f} s")
 
     def _engine(self) -> FaultResult:
-        """SIGKILL of the engine alone: the server sees it, stops (non-zero) and is started
-        again, as its supervisor would."""
+        """SIGKILL of the engine alone: the server starts it again, or, when its engine died
+        too often, stops (non-zero) and is started again, as its supervisor would."""
         pid = self.server_pid()
         if pid is None:
             return FaultResult("engine", False, "no control plane alive")
-        engines = [p for p in _descendants(pid) if "spawn_main" in _cmdline(p)]
+        engines = _engines(pid)
         if not engines:
             return FaultResult("engine", False, "the control plane runs in one process")
-        _kill(engines[0])
-        with contextlib.suppress(ChildProcessError):
-            _, status = os.waitpid(pid, 0)
-            if os.waitstatus_to_exitcode(status) == 0:
-                raise AssertionError("the server ended with status 0 when its engine died")
-        self.restart_control_plane()
-        return FaultResult("engine", True, f"SIGKILL engine pid {engines[0].pid} of {pid}")
+        victim = engines[0]
+        _kill(victim)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if _ended(pid):
+                with contextlib.suppress(ChildProcessError):
+                    _, status = os.waitpid(pid, 0)
+                    if os.waitstatus_to_exitcode(status) == 0:
+                        raise AssertionError("the server ended with status 0 when its engine died")
+                self.restart_control_plane()
+                detail = "the server stopped (its engine died too often) and was started again"
+                return FaultResult("engine", True, f"SIGKILL engine pid {victim.pid}: {detail}")
+            started = [e for e in _engines(pid) if e.pid != victim.pid]
+            if started:
+                detail = f"the server started engine pid {started[0].pid}"
+                return FaultResult("engine", True, f"SIGKILL engine pid {victim.pid}: {detail}")
+            time.sleep(0.1)
+        raise AssertionError(f"no engine again within 60 s after killing pid {victim.pid}")
 
     def _redis(self) -> FaultResult:
         try:

@@ -4,11 +4,12 @@ The PV job runs supervised (``sparkpoint run``) against a real ``sparkpoint serv
 embedded Redis and SQLite, checkpoints every second into a tmpfs of its own. Faults come at
 random moments (a seeded schedule, every kind in turn; start-up, warm-up and restore included):
 a Python worker, the driver's JVM or the driver process killed, the control plane killed and
-restarted, its engine alone killed (the server then stops and is restarted), the embedded
-Redis killed, the checkpoint storage full then freed, the database
-locked for 10 s. It runs twice: with the server as it starts by default (the API and its
-engine, two processes) and in one process (``SPARKPOINT_API_PROCESS=false``, where the engine
-fault finds no engine and is skipped). When the faults stop the job must finish by itself, and then:
+restarted, its engine alone killed (the server starts it again, or stops when it died too
+often and is restarted), the embedded Redis killed, the checkpoint storage full then freed,
+the database locked for 10 s. It runs twice: with the server as it starts by default (the API
+and its engine, two processes) and in one process (``SPARKPOINT_API_PROCESS=false``, where the
+engine fault finds no engine and is skipped). When the faults stop the job must finish by
+itself, and then:
 
 - the committed output equals a failure-free run's (every ``{"app_id", "pv": k}`` once);
 - no in-progress part, no state file outside a retained checkpoint, no working state is left;
