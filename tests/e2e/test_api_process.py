@@ -216,6 +216,7 @@ def test_a_dead_engine_is_started_again_while_the_api_answers(split: SplitServer
         engine.send_signal(signal.SIGKILL)
         meanwhile = api.post("/jobs/job-split/checkpoints")
         health = api.get("/healthz")
+        scraped = api.get("/metrics")
         alone = not split.engines()  # no engine had started again when they answered
         assert api.get("/jobs/job-split").status_code == 200  # reads: from the database
     # While no engine runs, a command is refused as unavailable, naming the engine (never a
@@ -225,6 +226,7 @@ def test_a_dead_engine_is_started_again_while_the_api_answers(split: SplitServer
         assert "engine did not answer trigger_checkpoint" in meanwhile.json()["errors"][0]
         assert health.status_code == 503, health.text
         assert "engine is not running" in health.json()["errors"][0]
+        assert scraped.status_code == 503, scraped.text
     else:
         assert meanwhile.status_code in (503, 202), meanwhile.text
     _new_engine(split, engine)

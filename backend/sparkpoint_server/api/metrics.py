@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from sparkpoint.protocol import JobStatus
 from sparkpoint_server import gc_pauses
 from sparkpoint_server.api.deps import SessionsDep, require_token
+from sparkpoint_server.api.responses import errors
 from sparkpoint_server.storage.queries import MetricsSnapshot, metrics_snapshot
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require_token)])
@@ -145,9 +146,10 @@ def render_metrics(
     summary="Prometheus metrics",
     description="Checkpoint counts, the latest completed checkpoint's duration and size, "
     "restarts and status per job, the ingest's counters and the garbage collector's pauses, in "
-    "Prometheus' text format.",
+    "Prometheus' text format. 503 while the engine, whose counters they are, is being started "
+    "again.",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {}}}, **errors(503)},
 )
 def metrics(request: Request, sessions: SessionsDep) -> Response:
     with sessions() as session:
