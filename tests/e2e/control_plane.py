@@ -16,8 +16,9 @@ from typing import TypeVar
 
 import httpx
 
+from sparkpoint import protocol as p
 from sparkpoint.signing import Signer, job_key, read_secret
-from sparkpoint.transport import redis_client
+from sparkpoint.transport import RedisEventSink, Streams, redis_client
 
 from ..support.redis_server import REDIS_URL
 
@@ -103,6 +104,22 @@ class ServerProcess:
     def api(self) -> httpx.Client:
         return httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
+
+    def register_running_job(self, job_id: str, name: str = "pv") -> None:
+        """Send, signed as its driver would, a one-vertex job's registration and RUNNING."""
+        sink = RedisEventSink(
+            redis_client(REDIS_URL), Streams(prefix=self.prefix), signer=self.signer()
+        )
+        vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
+        registered = p.JobRegistered(
+            job_name=name, vertices=[vertex], edges=[], config={}, incarnation="d1"
+        )
+        sink.publish(
+            [
+                p.envelope(job_id, 0, 0, registered),
+                p.envelope(job_id, 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
+            ]
         )
 
 

@@ -25,11 +25,9 @@ import numpy as np
 import psutil
 import pytest
 
-from sparkpoint import protocol as p
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.signing import job_key, read_secret
 from sparkpoint.testing import line_counts
-from sparkpoint.transport import RedisEventSink, Streams, redis_client
 from sparkpoint_server.engine_process import MAX_RESTARTS
 
 from ..support.waiting import wait_for
@@ -194,18 +192,7 @@ def _answers(server: SplitServer) -> bool:
 
 
 def test_a_dead_engine_is_started_again_while_the_api_answers(split: SplitServer) -> None:
-    client = redis_client(REDIS_URL)
-    sink = RedisEventSink(client, Streams(prefix=split.prefix), signer=split.signer())
-    vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
-    registered = p.JobRegistered(
-        job_name="pv", vertices=[vertex], edges=[], config={}, incarnation="d1"
-    )
-    sink.publish(
-        [
-            p.envelope("job-split", 0, 0, registered),
-            p.envelope("job-split", 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
-        ]
-    )
+    split.register_running_job("job-split")
     with split.api() as api:
         wait_for(
             "the job to run",

@@ -8,11 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkpoint import protocol as p
-from sparkpoint.transport import RedisEventSink, Streams, redis_client
-
 from ..support.waiting import wait_for
-from .control_plane import REDIS_URL, ROOT, ServerProcess
+from .control_plane import ROOT, ServerProcess
 
 
 def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -29,23 +26,7 @@ def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_list_cancel_and_errors_through_the_command_line(server: ServerProcess) -> None:
-    sink = RedisEventSink(
-        redis_client(REDIS_URL), Streams(prefix=server.prefix), signer=server.signer()
-    )
-    vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
-    sink.publish(
-        [
-            p.envelope(
-                "job-cli",
-                0,
-                0,
-                p.JobRegistered(
-                    job_name="pv", vertices=[vertex], edges=[], config={}, incarnation="d1"
-                ),
-            ),
-            p.envelope("job-cli", 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
-        ]
-    )
+    server.register_running_job("job-cli")
     listed = wait_for(
         "the job in `sparkpoint list`",
         lambda: "RUNNING" in (out := _cli(server, "list")).stdout and out,
@@ -102,19 +83,7 @@ def test_the_cli_finds_the_demo_servers_token_and_a_401_says_where_it_looked(
 
 
 def test_every_client_command_speaks_json_with_output_json(server: ServerProcess) -> None:
-    sink = RedisEventSink(
-        redis_client(REDIS_URL), Streams(prefix=server.prefix), signer=server.signer()
-    )
-    vertex = p.VertexModel(id="source", name="source", parallelism=1, operators=["source"])
-    registered = p.JobRegistered(
-        job_name="pv-json", vertices=[vertex], edges=[], config={}, incarnation="d1"
-    )
-    sink.publish(
-        [
-            p.envelope("job-json", 0, 0, registered),
-            p.envelope("job-json", 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
-        ]
-    )
+    server.register_running_job("job-json", name="pv-json")
 
     def listed() -> dict[str, Any] | None:
         out = _cli(server, "list", "--output", "json")
