@@ -314,44 +314,50 @@ class EngineRunner:
 
     def _watch(self) -> None:
         """Start the engine again each time it dies, until it died more than
-        :data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW_S`: then the server stops."""
+        :data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW_S`: then the server stops.
+        An engine that fails to start counts as one more death."""
+        assert self._calls is not None
         deaths: list[float] = []
+        process = self._process
         while True:
-            process = self._process
-            assert process is not None and self._calls is not None
-            process.join()
+            if process is not None:
+                process.join()
             self._up.clear()
             if self._stopping.is_set():
                 return
+            code = process.exitcode if process is not None else None
             now = time.monotonic()
             deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
             if len(deaths) > MAX_RESTARTS:
                 log.error(
                     "the engine process exited (exit code %s), %d times within %g s: stopping",
-                    process.exitcode,
+                    code,
                     len(deaths),
                     RESTART_WINDOW_S,
                 )
-                self.on_engine_exit(process.exitcode)
+                self.on_engine_exit(code)
                 return
             log.error(
                 "the engine process exited (exit code %s); starting it again in %g s",
-                process.exitcode,
+                code,
                 RESTART_DELAY_S,
             )
             if self._stopping.wait(RESTART_DELAY_S):
                 return
             try:
                 self._calls.retarget(*self._spawn())
-            except RuntimeError:  # counted as one more death
+            except Exception:
                 log.exception("starting the engine again failed")
                 if self._process is not None and self._process.is_alive():
                     self._process.kill()
+                    self._process.join(5)
+                process = None
                 continue
+            process = self._process
             self.restarts += 1
             self._up.set()
-            if self._stopping.is_set() and self._process is not None:
-                self._terminate(self._process)  # stop() ran meanwhile and missed this one
+            if self._stopping.is_set() and process is not None:
+                self._terminate(process)  # stop() ran meanwhile and missed this one
 
     def stop(self) -> None:
         self._stopping.set()

@@ -236,6 +236,22 @@ def test_the_server_stops_when_its_engine_keeps_dying(split: SplitServer) -> Non
     assert split.proc.returncode not in (None, 0)
 
 
+def test_an_engine_that_cannot_start_again_stops_the_server(split: SplitServer) -> None:
+    assert split.proc is not None
+    engine = split.engine()
+    engine.send_signal(signal.SIGKILL)
+    # What the next engines start from is gone bad: each start fails, and counts as a death.
+    for name in ("sparkpoint.db", "sparkpoint.db-wal", "sparkpoint.db-shm"):
+        (split.data_dir / name).unlink(missing_ok=True)
+    (split.data_dir / "sparkpoint.db").write_bytes(b"not a database" * 100)
+    deadline = time.monotonic() + 60
+    while split.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert split.proc.returncode not in (None, 0)
+    log = (split.data_dir.parent / f"server-{split.port}.log").read_text()
+    assert log.count("starting the engine again failed") == MAX_RESTARTS, log[-3000:]
+
+
 def test_an_interrupted_server_stops_its_engine(split: SplitServer) -> None:
     assert split.proc is not None
     engine = split.engine()
