@@ -19,7 +19,8 @@ Runner`: Redis, migrations, the control plane, the ingest, the timers) in a chil
 The engine dies with the API process (``PR_SET_PDEATHSIG`` on Linux; elsewhere it sees within
 a second that its parent is gone and stops), so a killed server never leaves a coordinating
 orphan behind. When the engine dies, the API process starts it again (it recovers as any
-restarted control plane does; meanwhile the API answers reads, and commands with 503), up to
+restarted control plane does; meanwhile the API answers reads, commands with 503, and
+``/metrics`` with ``sparkpoint_engine_up 0``), up to
 :data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW_S`; the next death stops the server
 (non-zero), for whatever supervises it to act.
 """
@@ -228,13 +229,13 @@ class RemoteControlPlane:
 
 
 class RemoteStats:
-    """The engine's ingest counters, read once per ``/metrics`` scrape field."""
+    """The engine's ingest counters (``/metrics``), all of them in one call."""
 
     def __init__(self, calls: _Calls) -> None:
         self._calls = calls
 
-    def __getattr__(self, name: str) -> Any:
-        return self._calls("ingest_stats").get(name, 0)
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self._calls("ingest_stats"))
 
 
 class RemoteGcPauses:

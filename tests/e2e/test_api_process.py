@@ -188,7 +188,7 @@ def _new_engine(server: SplitServer, old: psutil.Process) -> psutil.Process:
 
 def _answers(server: SplitServer) -> bool:
     with server.api() as api:  # /metrics reads the engine's ingest counters
-        return api.get("/metrics").status_code == 200
+        return "sparkpoint_engine_up 1" in api.get("/metrics").text.splitlines()
 
 
 def test_a_dead_engine_is_started_again_while_the_api_answers(split: SplitServer) -> None:
@@ -213,13 +213,19 @@ def test_a_dead_engine_is_started_again_while_the_api_answers(split: SplitServer
         assert "engine did not answer trigger_checkpoint" in meanwhile.json()["errors"][0]
         assert health.status_code == 503, health.text
         assert "engine is not running" in health.json()["errors"][0]
-        assert scraped.status_code == 503, scraped.text
+        # The database's families still, none of the engine's, and that it is down.
+        lines = scraped.text.splitlines()
+        assert "sparkpoint_engine_up 0" in lines, scraped.text
+        assert any(line.startswith("sparkpoint_job_status{") for line in lines)
+        assert not any(line.startswith("sparkpoint_events_ingested_total ") for line in lines)
     else:
         assert meanwhile.status_code in (503, 202), meanwhile.text
     _new_engine(split, engine)
     with split.api() as api:
         assert api.post("/jobs/job-split/checkpoints").status_code == 202
         assert api.get("/healthz").json() == {"status": "ok"}
+        lines = api.get("/metrics").text.splitlines()
+    assert "sparkpoint_engine_up 1" in lines and "sparkpoint_engine_restarts_total 1" in lines
     assert split.proc is not None and split.proc.poll() is None
 
 

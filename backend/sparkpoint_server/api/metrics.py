@@ -2,7 +2,9 @@
 
 Written by hand (no client library): one ``# HELP`` and ``# TYPE`` line per family, label
 values escaped as the format requires. The database part is read per scrape; the ingest
-counters come from ``app.state.ingest_stats``.
+counters come from ``app.state.ingest_stats`` and, when the API runs in a process of its own,
+with the garbage collector's pauses from the engine (``app.state.engine``): while the engine
+is being started again, those families have no sample and ``sparkpoint_engine_up`` is 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from fastapi.responses import Response
 from sparkpoint.protocol import JobStatus
 from sparkpoint_server import gc_pauses
 from sparkpoint_server.api.deps import SessionsDep, require_token
-from sparkpoint_server.api.responses import errors
+from sparkpoint_server.engine_process import EngineUnavailableError
 from sparkpoint_server.storage.queries import MetricsSnapshot, metrics_snapshot
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require_token)])
@@ -42,6 +44,13 @@ INGEST_COUNTERS = (
 )
 
 Sample = tuple[dict[str, str], float | int | None]
+
+
+class _NoPauses:
+    """The pauses of an engine that does not answer: none to report."""
+
+    def snapshot(self) -> list[tuple[int, int, float, float]]:
+        return []
 
 
 def escape_label(value: str) -> str:
@@ -78,9 +87,13 @@ def render_metrics(
     snapshot: MetricsSnapshot,
     ingest_stats: object,
     pauses: gc_pauses.PauseSource | None = None,
+    engine: tuple[bool, int] | None = None,
 ) -> str:
-    """The whole exposition: database families first, then the ingest counters, then the
-    garbage collector's pauses (``pauses``; default: this process's)."""
+    """The whole exposition: database families first, then the ingest counters
+        (``ingest_stats``: its ``snapshot()`` when it has one, else its attributes; None: not
+        known, no sample), then the garbage collector's pauses (``pauses``; default: this
+        process's), then, with ``engine`` (whether it runs, how often it was started again), the
+    engine's families."""
     lines: list[str] = []
     lines += family(
         "sparkpoint_checkpoints_total",
@@ -116,9 +129,16 @@ def render_metrics(
             for s in JobStatus
         ),
     )
+    snapshot_of = getattr(ingest_stats, "snapshot", None)
+    counters = snapshot_of() if snapshot_of is not None else None
     for name, attribute, help_text in INGEST_COUNTERS:
-        value = getattr(ingest_stats, attribute, 0)
-        lines += family(name, "counter", help_text, [({}, int(value or 0))])
+        if ingest_stats is None:
+            value = None
+        elif counters is not None:
+            value = int(counters.get(attribute) or 0)
+        else:
+            value = int(getattr(ingest_stats, attribute, 0) or 0)
+        lines += family(name, "counter", help_text, [({}, value)])
     by_generation = (pauses or gc_pauses.PAUSES).snapshot()
     lines += family(
         "sparkpoint_gc_collections_total",
@@ -138,6 +158,20 @@ def render_metrics(
         "The longest of those collections since the control plane started.",
         [({"generation": str(g)}, m) for g, _, _, m in by_generation],
     )
+    if engine is not None:
+        lines += family(
+            "sparkpoint_engine_up",
+            "gauge",
+            "1 while the engine (the process that coordinates, beside the API's) runs; 0 while "
+            "it is being started again.",
+            [({}, int(engine[0]))],
+        )
+        lines += family(
+            "sparkpoint_engine_restarts_total",
+            "counter",
+            "Times the server started its engine again after it died.",
+            [({}, engine[1])],
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -146,14 +180,25 @@ def render_metrics(
     summary="Prometheus metrics",
     description="Checkpoint counts, the latest completed checkpoint's duration and size, "
     "restarts and status per job, the ingest's counters and the garbage collector's pauses, in "
-    "Prometheus' text format. 503 while the engine, whose counters they are, is being started "
-    "again.",
+    "Prometheus' text format; when the API runs in a process of its own, whether its engine "
+    "runs (`sparkpoint_engine_up`: while the engine is being started again the engine's "
+    "families have no sample) and how often it was restarted.",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}}, **errors(503)},
+    responses={200: {"content": {"text/plain": {}}}},
 )
 def metrics(request: Request, sessions: SessionsDep) -> Response:
     with sessions() as session:
         snapshot = metrics_snapshot(session)
-    stats = getattr(request.app.state, "ingest_stats", None)
-    pauses = getattr(request.app.state, "gc_pauses", None)
-    return Response(render_metrics(snapshot, stats, pauses), media_type=CONTENT_TYPE)
+    state = request.app.state
+    stats = getattr(state, "ingest_stats", None)
+    pauses = getattr(state, "gc_pauses", None)
+    engine = getattr(state, "engine", None)  # EngineRunner, when the API is a process apart
+    try:
+        if engine is not None and not engine.engine_up():
+            raise EngineUnavailableError("the engine is being started again")
+        up = None if engine is None else (True, engine.restarts)
+        text = render_metrics(snapshot, stats, pauses, up)
+    except EngineUnavailableError:  # what the database says, and that the engine is down
+        down = None if engine is None else (False, engine.restarts)
+        text = render_metrics(snapshot, None, _NoPauses(), down)
+    return Response(text, media_type=CONTENT_TYPE)

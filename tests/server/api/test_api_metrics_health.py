@@ -143,6 +143,22 @@ def test_metrics_count_missing_ingest_stats_as_zero(make_client: AppFactory) -> 
     assert not any(line.startswith("sparkpoint_checkpoints_total") for line in lines)
 
 
+def test_metrics_say_whether_the_engine_runs_and_leave_its_families_empty_when_not() -> None:
+    stats = IngestStats(events_ingested=7)
+    one_process = render_metrics(MetricsSnapshot(), stats).splitlines()
+    assert "sparkpoint_events_ingested_total 7" in one_process
+    assert not any(line.startswith("sparkpoint_engine_") for line in one_process)
+
+    up = render_metrics(MetricsSnapshot(), stats, engine=(True, 2)).splitlines()
+    assert "sparkpoint_engine_up 1" in up and "sparkpoint_engine_restarts_total 2" in up
+    assert "sparkpoint_events_ingested_total 7" in up
+
+    down = render_metrics(MetricsSnapshot(), None, engine=(False, 2)).splitlines()
+    assert "sparkpoint_engine_up 0" in down and "sparkpoint_engine_restarts_total 2" in down
+    assert "# TYPE sparkpoint_events_ingested_total counter" in down
+    assert not any(line.startswith("sparkpoint_events_ingested_total ") for line in down)
+
+
 def test_label_values_and_numbers_follow_the_text_format() -> None:
     assert escape_label('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
     assert [format_value(v) for v in (3, 2.5, float("nan"), float("inf"), -float("inf"))] == [
