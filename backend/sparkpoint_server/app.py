@@ -143,9 +143,8 @@ def create_app(settings: Settings, *, runner: Runner | EngineRunner | None = Non
         # The process under load: the engine's, when the API runs in a process of its own.
         app.state.gc_pauses = runner.gc_pauses
         app.state.redis_url = runner.redis_url
-        # Two processes: whether the engine runs (GET /healthz, /metrics); one process: none.
+        # Two processes: the engine, whether it runs (GET /healthz, /metrics); one: none.
         app.state.engine = runner if isinstance(runner, EngineRunner) else None
-        app.state.engine_up = runner.engine_up if isinstance(runner, EngineRunner) else None
         log.info(
             "control plane ready; jobs connect to Redis at %s",
             client_url(redis_client(runner.redis_url)),  # the URL without its password

@@ -25,8 +25,8 @@ router = APIRouter(tags=["health"])
     responses={**answer(Health), **answer(Unhealthy, 503)},
 )
 def healthz(request: Request, sessions: SessionsDep) -> JSONResponse:
-    engine_up = getattr(request.app.state, "engine_up", None)
-    if engine_up is not None and not engine_up():
+    engine = getattr(request.app.state, "engine", None)  # two processes: the API's runner
+    if engine is not None and not engine.engine_up():
         error = "the control plane's engine is not running; it is being started again"
         return json_response({"status": "unavailable", "errors": [error]}, 503)
     try:

@@ -9,6 +9,7 @@ is being started again, those families have no sample and ``sparkpoint_engine_up
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 
@@ -90,9 +91,9 @@ def render_metrics(
     engine: tuple[bool, int] | None = None,
 ) -> str:
     """The whole exposition: database families first, then the ingest counters
-        (``ingest_stats``: its ``snapshot()`` when it has one, else its attributes; None: not
-        known, no sample), then the garbage collector's pauses (``pauses``; default: this
-        process's), then, with ``engine`` (whether it runs, how often it was started again), the
+    (``ingest_stats``: its ``snapshot()`` when it has one, else its attributes; None: not
+    known, no sample), then the garbage collector's pauses (``pauses``; default: this
+    process's), then, with ``engine`` (whether it runs, how often it was started again), the
     engine's families."""
     lines: list[str] = []
     lines += family(
@@ -193,12 +194,12 @@ def metrics(request: Request, sessions: SessionsDep) -> Response:
     stats = getattr(state, "ingest_stats", None)
     pauses = getattr(state, "gc_pauses", None)
     engine = getattr(state, "engine", None)  # EngineRunner, when the API is a process apart
-    try:
-        if engine is not None and not engine.engine_up():
-            raise EngineUnavailableError("the engine is being started again")
-        up = None if engine is None else (True, engine.restarts)
-        text = render_metrics(snapshot, stats, pauses, up)
-    except EngineUnavailableError:  # what the database says, and that the engine is down
-        down = None if engine is None else (False, engine.restarts)
-        text = render_metrics(snapshot, None, _NoPauses(), down)
+    if engine is None:
+        return Response(render_metrics(snapshot, stats, pauses), media_type=CONTENT_TYPE)
+    text = None
+    if engine.engine_up():
+        with contextlib.suppress(EngineUnavailableError):  # it may die meanwhile
+            text = render_metrics(snapshot, stats, pauses, (True, engine.restarts))
+    if text is None:  # what the database says, and that the engine is down
+        text = render_metrics(snapshot, None, _NoPauses(), (False, engine.restarts))
     return Response(text, media_type=CONTENT_TYPE)
