@@ -286,6 +286,23 @@ def test_metadata_must_be_json(local: FileSystemCheckpointStorage) -> None:
     assert local.completed_checkpoint_ids("job-1") == []
 
 
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"checkpoint_id": 3, "acks": [{"path": "file:///c/chk-3/s", "size": 4096, "x": 0.5}]},
+        {"pins": {3: "savepoint"}, "ratio": 1e-05},  # an int key, written as a str
+        {"barrier_timestamp": None, "path": "s3://b/null/chk-1"},  # null: the stdlib writes it
+        {"offset": 2**70},  # beyond 64 bits: the stdlib writes it
+    ],
+)
+def test_metadata_is_read_back_as_the_standard_library_writes_it(
+    local: FileSystemCheckpointStorage, metadata: dict
+) -> None:
+    local.write_metadata("job-1", 3, metadata)
+    path = local.checkpoint_path("job-1", 3)
+    assert local.read_metadata(path) == json.loads(json.dumps(metadata))
+
+
 def test_missing_metadata(local: FileSystemCheckpointStorage, tmp_path: Path) -> None:
     local.write_state("job-1", 1, "pv-0", DATA)
     path = local.checkpoint_path("job-1", 1)
