@@ -88,7 +88,10 @@ class Runner:
             dead_letter_maxlen=s.dead_letter_maxlen,
             trim_interval_ms=round(s.stream_trim_interval * 1000),
             verifier=self.control_plane.verify_event,
+            clock=self.control_plane.clock,
+            on_read_through=self.control_plane.ingest_read_through,
         )
+        self.control_plane.track_ingest()
         self.consumer.ensure_group()
         retention = CommandStreamRetention(
             client,

@@ -107,6 +107,7 @@ class EventConsumer:
         dead_letter_maxlen: int = 100_000,
         trim_interval_ms: int = 1000,
         verifier: Callable[[protocol.Envelope], str | None] | None = None,
+        on_read_through: Callable[[float], None] | None = None,
     ) -> None:
         """Prepare the consumer (no I/O until :meth:`ensure_group` or :meth:`run`).
 
@@ -128,6 +129,9 @@ class EventConsumer:
             trim_interval_ms: How often the acknowledged events are removed from the stream.
             verifier: Why an event is not authentic (None: it is); such events are
                 dead-lettered. None: events are not verified (tests of the ingest alone).
+            on_read_through: Told, after a read that found fewer new events than a batch
+                holds was processed, the monotonic time (``clock``) at which that read began:
+                every event that entered the stream before it is applied.
         """
         self.client = client
         self.handler = handler
@@ -142,6 +146,7 @@ class EventConsumer:
         self.dead_letter_maxlen = dead_letter_maxlen
         self.trim_interval_ms = trim_interval_ms
         self.verifier = verifier
+        self.on_read_through = on_read_through
         self._healthy: bool | None = None
         self._trimmed_at: float | None = None
 
@@ -181,7 +186,11 @@ class EventConsumer:
             processed += self._process(entries)
             cursor = entries[-1][0]
         # Step 2
-        processed += self._process(self._read(">", block_ms=self.block_ms or None))
+        started = self.clock.monotonic_ms()
+        entries = self._read(">", block_ms=self.block_ms or None)
+        processed += self._process(entries)
+        if len(entries) < self.batch_size and self.on_read_through is not None:
+            self.on_read_through(started)  # the stream held no other new event then
         # Step 3
         now = self.clock.monotonic_ms()
         if self._trimmed_at is None or now - self._trimmed_at >= self.trim_interval_ms:

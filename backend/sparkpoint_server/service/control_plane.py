@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Iterator
@@ -85,6 +86,10 @@ class ControlPlane:
         # Since when the ingest reads events (None: it cannot): no heartbeat can arrive while
         # it cannot, so no driver is declared lost then, and each gets a full timeout after.
         self._ingest_up_since: float | None = self.clock.monotonic_ms()
+        # The monotonic time before which every event that entered the events stream is
+        # applied (:meth:`ingest_read_through`); None: no ingest reports it (events applied by
+        # hand), so checkpoints expire by the clock alone.
+        self._read_through: float | None = None
         self._lock = threading.RLock()
         self.storage_timeout_s = settings.storage_timeout
         self.roots = StorageRoots(str(settings.data_dir), parse_roots(settings.storage_roots))
@@ -327,6 +332,25 @@ class ControlPlane:
             elif self._ingest_up_since is None:
                 self._ingest_up_since = self.clock.monotonic_ms()
 
+    def track_ingest(self) -> None:
+        """An ingest will report how far it has read (:meth:`ingest_read_through`); until it
+        does, no deadline passes: what the jobs sent may wait in the stream."""
+        self._read_through = -math.inf
+
+    def ingest_read_through(self, monotonic_ms: float) -> None:
+        """Every event that entered the events stream before ``monotonic_ms`` is applied.
+
+        Checkpoint deadlines and heartbeat timeouts are judged by arrival, as in Flink, where
+        acknowledgements queue in the JobManager's mailbox ahead of the timeout: an ingest
+        behind its stream (a burst, a restart with a backlog) expires no checkpoint and loses
+        no driver whose events wait unread.
+        """
+        self._read_through = max(self._read_through or -math.inf, monotonic_ms)
+
+    def _heard_until(self) -> float:
+        now = self.clock.monotonic_ms()
+        return now if self._read_through is None else min(now, self._read_through)
+
     # ------------------------------------------------------------------ timers
 
     def tick(self) -> None:
@@ -348,7 +372,7 @@ class ControlPlane:
         if rt.restart_due_at is not None:
             checking = rt.failover_check is not None and not rt.failover_check.future.done()
             return rt.restart_due_at <= self.clock.now_ms() and not checking
-        now = self.clock.monotonic_ms()
+        now = self._heard_until()
         if self._driver_silent(rt, now):
             return True
         if rt.status is not p.JobStatus.RUNNING:
@@ -406,10 +430,10 @@ class ControlPlane:
                 if verdicts is not None:
                     fo.restart_now(batch, rt, verdicts)
             return
-        if self._driver_silent(rt, self.clock.monotonic_ms()):
+        if self._driver_silent(rt, self._heard_until()):
             hb.driver_lost(batch, rt, self.settings.heartbeat_timeout_ms)
             return
-        d.handle_failed(batch, rt, rt.coordinator.expire_overdue())
+        d.handle_failed(batch, rt, rt.coordinator.expire_overdue(self._heard_until()))
         # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.
         stopping = rt.stop_checkpoint is not None or rt.final_requested
         if not stopping and d.trigger_queued(batch, rt):  # manual requests go first

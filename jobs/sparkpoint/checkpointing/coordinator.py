@@ -257,10 +257,17 @@ class CheckpointCoordinator:
 
     # ------------------------------------------------------------------------- timers, aborts
 
-    def expire_overdue(self) -> list[FailedCheckpoint]:
+    def expire_overdue(self, now_ms: float | None = None) -> list[FailedCheckpoint]:
         """Fail as ``CHECKPOINT_EXPIRED`` every pending checkpoint whose timeout (the one
-        configured at its trigger) has passed, exactly at the deadline included."""
-        now, expired = self._clock.monotonic_ms(), []
+        configured at its trigger) has passed, exactly at the deadline included.
+
+        Args:
+            now_ms: The monotonic time to judge by; the clock's when None. The control plane
+                passes the time up to which it has read its inbox, so that acknowledgements
+                that arrived in time but were not read yet do not let a checkpoint expire.
+        """
+        now = self._clock.monotonic_ms() if now_ms is None else now_ms
+        expired = []
         for cid in sorted(self._pending):
             pending = self._pending[cid]
             if now >= pending.deadline_monotonic_ms():
