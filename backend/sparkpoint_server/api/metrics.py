@@ -140,6 +140,18 @@ def render_metrics(
         else:
             value = int(getattr(ingest_stats, attribute, 0) or 0)
         lines += family(name, "counter", help_text, [({}, value)])
+    read_through = (
+        counters.get("read_through_ms")
+        if counters is not None
+        else getattr(ingest_stats, "read_through_ms", None)
+    )
+    lines += family(
+        "sparkpoint_ingest_read_through_timestamp_seconds",
+        "gauge",
+        "Every event that entered the events stream before this time is applied (checkpoint "
+        "deadlines and heartbeat timeouts wait for it): alert on time() minus it.",
+        [({}, read_through / 1000 if read_through else None)],
+    )
     by_generation = (pauses or gc_pauses.PAUSES).snapshot()
     lines += family(
         "sparkpoint_gc_collections_total",
@@ -180,7 +192,9 @@ def render_metrics(
     "/metrics",
     summary="Prometheus metrics",
     description="Checkpoint counts, the latest completed checkpoint's duration and size, "
-    "restarts and status per job, the ingest's counters and the garbage collector's pauses, in "
+    "restarts and status per job, the ingest's counters and how far it has read the events "
+    "stream (`sparkpoint_ingest_read_through_timestamp_seconds`: checkpoint deadlines and "
+    "heartbeat timeouts wait for it), the garbage collector's pauses, in "
     "Prometheus' text format; when the API runs in a process of its own, whether its engine "
     "runs (`sparkpoint_engine_up`: while the engine is being started again the engine's "
     "families have no sample) and how often it was restarted.",

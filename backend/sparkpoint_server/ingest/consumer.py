@@ -82,6 +82,9 @@ class IngestStats:
     last_batch_ms: float = 0.0
     redis_errors: int = 0
     events_trimmed: int = 0  # acknowledged events removed from the events stream
+    # Wall ms at which the latest read that drained the stream began: every event that
+    # entered it before then is applied. 0: none yet.
+    read_through_ms: int = 0
 
     def snapshot(self) -> dict[str, Any]:
         """All counters, as a dict (for ``/metrics``)."""
@@ -186,11 +189,13 @@ class EventConsumer:
             processed += self._process(entries)
             cursor = entries[-1][0]
         # Step 2
-        started = self.clock.monotonic_ms()
+        started, started_at = self.clock.monotonic_ms(), self.clock.now_ms()
         entries = self._read(">", block_ms=self.block_ms or None)
         processed += self._process(entries)
-        if len(entries) < self.batch_size and self.on_read_through is not None:
-            self.on_read_through(started)  # the stream held no other new event then
+        if len(entries) < self.batch_size:  # the stream held no other new event then
+            self.stats.read_through_ms = started_at
+            if self.on_read_through is not None:
+                self.on_read_through(started)
         # Step 3
         now = self.clock.monotonic_ms()
         if self._trimmed_at is None or now - self._trimmed_at >= self.trim_interval_ms:

@@ -34,6 +34,7 @@ class IngestStats:
     batches: int = 0
     handler_errors: int = 0
     redis_errors: int = 0
+    read_through_ms: int = 0
 
 
 def build_app(

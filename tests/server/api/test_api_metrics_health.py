@@ -144,9 +144,10 @@ def test_metrics_count_missing_ingest_stats_as_zero(make_client: AppFactory) -> 
 
 
 def test_metrics_say_whether_the_engine_runs_and_leave_its_families_empty_when_not() -> None:
-    stats = IngestStats(events_ingested=7)
+    stats = IngestStats(events_ingested=7, read_through_ms=1_700_000_000_250)
     one_process = render_metrics(MetricsSnapshot(), stats).splitlines()
     assert "sparkpoint_events_ingested_total 7" in one_process
+    assert "sparkpoint_ingest_read_through_timestamp_seconds 1700000000.25" in one_process
     assert not any(line.startswith("sparkpoint_engine_") for line in one_process)
 
     up = render_metrics(MetricsSnapshot(), stats, engine=(True, 2)).splitlines()
@@ -157,6 +158,9 @@ def test_metrics_say_whether_the_engine_runs_and_leave_its_families_empty_when_n
     assert "sparkpoint_engine_up 0" in down and "sparkpoint_engine_restarts_total 2" in down
     assert "# TYPE sparkpoint_events_ingested_total counter" in down
     assert not any(line.startswith("sparkpoint_events_ingested_total ") for line in down)
+    assert not any(line.startswith("sparkpoint_ingest_read_through_") for line in down)
+    before_any_read = render_metrics(MetricsSnapshot(), IngestStats()).splitlines()
+    assert not any(line.startswith("sparkpoint_ingest_read_through_") for line in before_any_read)
 
 
 def test_label_values_and_numbers_follow_the_text_format() -> None:

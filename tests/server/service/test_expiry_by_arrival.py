@@ -87,10 +87,14 @@ def test_acknowledgements_that_arrived_in_time_complete_the_checkpoint_read_late
     [cid] = [c.checkpoint_id for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
     h.clock.advance(1_000)
     _publish(h, *_heartbeats(h, 12), *_acks(h, cid))  # all in the stream 9 s before the deadline
+    read_through = consumer.stats.read_through_ms  # what /metrics shows
     consumer.poll_once()  # the ingest is behind: one batch of 5 read, 11 wait
+    assert consumer.stats.read_through_ms == read_through
     h.tick(TIMEOUT_MS)  # past the deadline by the clock
     assert _status(h, cid) == ("IN_PROGRESS", None)
+    drained_at = h.clock.now_ms()
     _drain(consumer)
+    assert consumer.stats.read_through_ms == drained_at
     h.plane.wait_idle()
     assert _status(h, cid) == ("COMPLETED", None)
     h.tick(TIMEOUT_MS)
