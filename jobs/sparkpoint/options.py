@@ -147,7 +147,9 @@ def parse_job_options(
             check_job_id(ns.job_id)
         except InvalidJobIdError as err:
             raise ConfigurationError(f"--job-id: {err}") from err
-    redis_url = None if ns.standalone else _redis_url(ns)
+    # A job asked for its help (``pv_count.py --help``) prints it, control plane or not.
+    asks_for_help = any(arg in ("-h", "--help") for arg in rest)
+    redis_url = None if ns.standalone or asks_for_help else _redis_url(ns)
     if ns.parallelism < 1 or ns.parallelism > ns.max_parallelism:
         raise ConfigurationError(
             f"--parallelism must be between 1 and --max-parallelism ({ns.max_parallelism}), "

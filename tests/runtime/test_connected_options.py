@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from examples import pv_count
 from sparkpoint import cli
 from sparkpoint.connectors.sinks import FileSink
 from sparkpoint.errors import ConfigurationError
@@ -72,6 +73,16 @@ def test_invalid_connected_options_name_the_option(argv: list[str], message: str
 def test_standalone_needs_no_redis(no_redis: Path) -> None:
     opts, _ = parse_job_options(["--standalone"])
     assert opts.standalone and opts.redis_url is None
+
+
+def test_a_job_prints_its_help_without_a_control_plane(
+    no_redis: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        pv_count.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: pv_count") and "--events EVENTS" in out
 
 
 def test_sparkpoint_run_without_a_control_plane_exits_2_before_starting_the_driver(
