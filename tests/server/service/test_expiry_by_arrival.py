@@ -53,18 +53,21 @@ def _publish(h: Harness, *payloads: Any, job_id: str | None = None) -> None:
     RedisEventSink(h.client, h.streams).publish(envelopes)
 
 
-def _heartbeats(h: Harness, n: int) -> list[p.Heartbeat]:
-    return [
-        p.Heartbeat(
-            epoch=i,
-            records=100,
-            duration_ms=10.0,
-            records_per_second=1e4,
-            source_lag=0,
-            host_time=h.clock.now_ms(),
-        )
-        for i in range(n)
-    ]
+def _backlog(h: Harness, n: int) -> None:
+    """``n`` events of another job ahead in the stream (it is unknown: dead-lettered)."""
+    _publish(h, *[p.DriverHeartbeat(incarnation="x", host_time=0)] * n, job_id="another-job")
+
+
+def _start(h: Harness) -> EventConsumer:
+    """A running job (no periodic checkpoint in the way) and an ingest that reads 5 a time."""
+    h.start(timeout_ms=TIMEOUT_MS, interval_ms=3_600_000)
+    return _ingest(h, batch_size=5)
+
+
+def _trigger(h: Harness) -> int:
+    h.plane.trigger_checkpoint(h.job_id)
+    [cid] = [c.checkpoint_id for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
+    return cid
 
 
 def _acks(h: Harness, cid: int) -> list[p.SnapshotCompleted]:
@@ -80,13 +83,12 @@ def test_acknowledgements_that_arrived_in_time_complete_the_checkpoint_read_late
     harness: Harness,
 ) -> None:
     h = harness
-    h.start(timeout_ms=TIMEOUT_MS, interval_ms=3_600_000)
-    consumer = _ingest(h, batch_size=5)
+    consumer = _start(h)
     _drain(consumer)  # caught up: nothing in the stream
-    h.plane.trigger_checkpoint(h.job_id)
-    [cid] = [c.checkpoint_id for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
+    cid = _trigger(h)
     h.clock.advance(1_000)
-    _publish(h, *_heartbeats(h, 12), *_acks(h, cid))  # all in the stream 9 s before the deadline
+    _backlog(h, 12)
+    _publish(h, *_acks(h, cid))  # all in the stream 9 s before the deadline
     read_through = consumer.stats.read_through_ms  # what /metrics shows
     consumer.poll_once()  # the ingest is behind: one batch of 5 read, 11 wait
     assert consumer.stats.read_through_ms == read_through
@@ -105,12 +107,10 @@ def test_a_checkpoint_expires_once_the_ingest_has_read_past_its_deadline(
     harness: Harness,
 ) -> None:
     h = harness
-    h.start(timeout_ms=TIMEOUT_MS, interval_ms=3_600_000)
-    consumer = _ingest(h, batch_size=5)
+    consumer = _start(h)
     h.tick(TIMEOUT_MS)
     assert h.command_types() == []  # no checkpoint yet; and before its first read...
-    h.plane.trigger_checkpoint(h.job_id)
-    [cid] = [c.checkpoint_id for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
+    cid = _trigger(h)
     _publish(h, *_acks(h, cid)[:3])  # one subtask never acknowledges
     h.tick(TIMEOUT_MS + 5_000)
     # ... the ingest has read nothing yet: what the stream holds may complete it.
@@ -138,7 +138,7 @@ def test_a_driver_heartbeat_waiting_in_the_stream_keeps_the_driver(harness: Harn
     consumer = _ingest(h, batch_size=5)
     _drain(consumer)
     h.clock.advance(40_000)
-    _publish(h, *_heartbeats(h, 12), job_id="another-job")  # ahead of it in the stream
+    _backlog(h, 12)
     _publish(h, p.DriverHeartbeat(incarnation="driver-1", host_time=0))
     consumer.poll_once()  # behind: the driver's heartbeat is still in the stream
     h.tick(20_000)  # 60 s since the last heartbeat read; the timeout is 50 s
