@@ -348,8 +348,9 @@ def main() -> int:
     admin.dispose()
     rows = [
         "| parallelism | database | XREADGROUP batch | barrier events | events | completions "
-        "| median events/s | runs (events/s) | median completions/s |",
-        "|---|---|---:|---|---:|---:|---:|---|---:|",
+        "| median events/s | runs (events/s) | median completions/s "
+        "| CPU per completion (median, all threads) |",
+        "|---|---|---:|---|---:|---:|---:|---|---:|---:|",
     ]
     completions_per_s = {}
     for label, results in runs.items():
@@ -359,7 +360,8 @@ def main() -> int:
         rows.append(
             f"| {label} | {results[0]['events']:,.0f} | {results[0]['completions']:,.0f} "
             f"| {statistics.median(rates):,.0f} | {', '.join(f'{x:,.0f}' for x in rates)} "
-            f"| {completions_per_s[label]:,.0f} |"
+            f"| {completions_per_s[label]:,.0f} "
+            f"| {statistics.median(r['cpu_ms_per_completion'] for r in results):.2f} ms |"
         )
     rows.append("")
     for label, rate in completions_per_s.items():
