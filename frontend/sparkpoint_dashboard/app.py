@@ -126,14 +126,16 @@ def build_app(settings: DashboardSettings | None = None, client: ApiClient | Non
     )
     def _health(_n: int | None) -> tuple[Any, dict[str, str], str]:
         error: str | None = None
+        behind_ms: int | None = None
         try:
-            client.health()
+            health = client.health()
             last_ok["at"] = fmt_time(int(time.time() * 1000))
+            behind_ms = ((health or {}).get("ingest") or {}).get("behind-ms")
         except ApiUnreachableError as err:
             error = str(err)
         except ApiRequestError as err:
             error = f"the control plane answered {err}"
-        children, style = shell.banner_view(error, settings.api_url, last_ok["at"])
+        children, style = shell.banner_view(error, settings.api_url, last_ok["at"], behind_ms)
         return children, style, last_ok["at"] or "never"
 
     @app.callback(Output(ids.TOKEN_STATE, "children"), Input(ids.TOKEN_INPUT, "value"))

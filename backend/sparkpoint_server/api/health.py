@@ -3,12 +3,15 @@ its engine running."""
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from sparkpoint_server.api.deps import SessionsDep, json_response
 from sparkpoint_server.api.responses import Health, Unhealthy, answer
+from sparkpoint_server.engine_process import EngineUnavailableError
 from sparkpoint_server.storage.queries import ping
 
 router = APIRouter(tags=["health"])
@@ -18,7 +21,8 @@ router = APIRouter(tags=["health"])
     "/healthz",
     summary="Health check",
     description='`{"status": "ok"}` when the database answers `SELECT 1` and the engine (the '
-    "process that coordinates, when the API runs in a process of its own) is running; otherwise "
+    "process that coordinates, when the API runs in a process of its own) is running, with "
+    "`ingest`: how far the control plane has read the events its jobs send; otherwise "
     "503 with the database error, or saying that the engine is being started again. Never "
     "needs a token.",
     response_model=None,
@@ -36,4 +40,20 @@ def healthz(request: Request, sessions: SessionsDep) -> JSONResponse:
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
         error = f"database unreachable: {type(err).__name__}: {reason}"
         return json_response({"status": "unavailable", "errors": [error]}, 503)
-    return json_response({"status": "ok"})
+    ingest = _ingest_progress(request)
+    return json_response({"status": "ok", **({"ingest": ingest} if ingest else {})})
+
+
+def _ingest_progress(request: Request) -> dict[str, int | None] | None:
+    """How far the ingest has read (the engine's counters in two processes); None: unknown."""
+    stats = getattr(request.app.state, "ingest_stats", None)
+    snapshot_of = getattr(stats, "snapshot", None)
+    try:
+        counters = snapshot_of() if snapshot_of is not None else vars(stats) if stats else {}
+    except (EngineUnavailableError, TypeError):  # the engine died since; or no counters
+        return None
+    if "read_through_ms" not in counters:
+        return None
+    read_through = int(counters["read_through_ms"] or 0) or None
+    behind = None if read_through is None else max(0, int(time.time() * 1000) - read_through)
+    return {"read-through": read_through, "behind-ms": behind}

@@ -98,10 +98,30 @@ class OperationStatus(BaseModel):
 # ----------------------------------------------------------------------------- health
 
 
+class IngestProgress(BaseModel):
+    """How far the control plane has read the events its jobs send."""
+
+    model_config = _ANSWER
+    read_through: int | None = Field(
+        alias="read-through",
+        description="Every event that entered the events stream before this time (epoch ms) "
+        "is applied; checkpoint deadlines and heartbeat timeouts wait for it. null: no read "
+        "since the control plane started.",
+    )
+    behind_ms: int | None = Field(
+        alias="behind-ms",
+        description="Milliseconds since `read-through`: about the blocking read's 100 ms "
+        "while the ingest keeps up, growing while it is behind. null with `read-through`.",
+    )
+
+
 class Health(BaseModel):
     """The control plane answers and its database answers `SELECT 1`."""
 
     status: Literal["ok"]
+    ingest: IngestProgress | None = Field(
+        default=None, description="Absent when the ingest's progress is not known."
+    )
 
 
 class Unhealthy(BaseModel):

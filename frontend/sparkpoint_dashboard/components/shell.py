@@ -8,6 +8,7 @@ from dash import dcc, html
 
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.routing import audit_path, savepoints_path
+from sparkpoint_dashboard.units import fmt_ms
 
 
 def header(api_url: str) -> html.Header:
@@ -49,8 +50,25 @@ def header(api_url: str) -> html.Header:
     )
 
 
-def banner_view(error: str | None, api_url: str, last_ok: str | None) -> tuple[Any, dict[str, str]]:
-    """The banner's text and style: hidden while the API answers."""
+#: From how far behind its events the control plane's ingest is shown in the banner.
+BEHIND_WARNING_MS = 5_000
+
+
+def banner_view(
+    error: str | None, api_url: str, last_ok: str | None, behind_ms: int | None = None
+) -> tuple[Any, dict[str, str]]:
+    """The banner's text and style: hidden while the API answers and its ingest keeps up
+    (``behind_ms``: how far behind the events its jobs sent, from ``/healthz``)."""
+    if error is None and behind_ms is not None and behind_ms >= BEHIND_WARNING_MS:
+        return (
+            [
+                html.Strong(f"The control plane is {fmt_ms(behind_ms)} behind its jobs' events. "),
+                "Checkpoints complete once it has read their acknowledgements; none expires "
+                "for that (timeouts count from when the acknowledgements arrived). See "
+                "sparkpoint_ingest_read_through_timestamp_seconds in /metrics.",
+            ],
+            {"display": "block"},
+        )
     if error is None:
         return None, {"display": "none"}
     since = f" Showing what was last read at {last_ok} UTC." if last_ok else ""
