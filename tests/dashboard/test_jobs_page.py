@@ -119,7 +119,7 @@ def test_banner_shows_only_when_the_api_is_unreachable() -> None:
 def test_banner_says_when_the_control_plane_is_behind_its_jobs_events() -> None:
     assert shell.banner_view(None, "http://cp:8081", "x", 120) == (None, {"display": "none"})
     children, style = shell.banner_view(None, "http://cp:8081", "x", 42_000)
-    assert style == {"display": "block"}
+    assert style == shell.WARNING_STYLE and style["display"] == "block"
     assert children[0].children == "The control plane is 42.0 s behind its jobs' events. "
     assert "none expires for that" in children[1]
     unreachable, _ = shell.banner_view("cannot reach", "http://cp:8081", None, 42_000)

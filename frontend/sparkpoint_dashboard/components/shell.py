@@ -52,6 +52,13 @@ def header(api_url: str) -> html.Header:
 
 #: From how far behind its events the control plane's ingest is shown in the banner.
 BEHIND_WARNING_MS = 5_000
+#: A warning (amber) rather than the unreachable API's error (red).
+WARNING_STYLE = {
+    "display": "block",
+    "background": "#fffbeb",
+    "color": "#92400e",
+    "borderBottom": "1px solid #fde68a",
+}
 
 
 def banner_view(
@@ -67,7 +74,7 @@ def banner_view(
                 "for that (timeouts count from when the acknowledgements arrived). See "
                 "sparkpoint_ingest_read_through_timestamp_seconds in /metrics.",
             ],
-            {"display": "block"},
+            WARNING_STYLE,
         )
     if error is None:
         return None, {"display": "none"}
