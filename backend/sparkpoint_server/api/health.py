@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from sparkpoint_server.api.deps import SessionsDep, json_response
+from sparkpoint_server.api.metrics import ingest_counters
 from sparkpoint_server.api.responses import Health, Unhealthy, answer
 from sparkpoint_server.engine_process import EngineUnavailableError
 from sparkpoint_server.storage.queries import ping
@@ -46,13 +47,11 @@ def healthz(request: Request, sessions: SessionsDep) -> JSONResponse:
 
 def _ingest_progress(request: Request) -> dict[str, int | None] | None:
     """How far the ingest has read (the engine's counters in two processes); None: unknown."""
-    stats = getattr(request.app.state, "ingest_stats", None)
-    snapshot_of = getattr(stats, "snapshot", None)
     try:
-        counters = snapshot_of() if snapshot_of is not None else vars(stats) if stats else {}
-    except (EngineUnavailableError, TypeError):  # the engine died since; or no counters
+        counters = ingest_counters(getattr(request.app.state, "ingest_stats", None))
+    except EngineUnavailableError:  # it died since engine_up(): /healthz says so next time
         return None
-    if "read_through_ms" not in counters:
+    if not counters or "read_through_ms" not in counters:
         return None
     read_through = int(counters["read_through_ms"] or 0) or None
     behind = None if read_through is None else max(0, int(time.time() * 1000) - read_through)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -84,6 +85,15 @@ def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> l
     return lines
 
 
+def ingest_counters(stats: object) -> dict[str, Any] | None:
+    """The ingest's counters: its ``snapshot()`` when it has one (one call to the engine in two
+    processes), else its attributes; None: not known."""
+    if stats is None:
+        return None
+    snapshot_of = getattr(stats, "snapshot", None)
+    return dict(snapshot_of() if snapshot_of is not None else getattr(stats, "__dict__", {}))
+
+
 def render_metrics(
     snapshot: MetricsSnapshot,
     ingest_stats: object,
@@ -130,21 +140,11 @@ def render_metrics(
             for s in JobStatus
         ),
     )
-    snapshot_of = getattr(ingest_stats, "snapshot", None)
-    counters = snapshot_of() if snapshot_of is not None else None
+    counters = ingest_counters(ingest_stats)
     for name, attribute, help_text in INGEST_COUNTERS:
-        if ingest_stats is None:
-            value = None
-        elif counters is not None:
-            value = int(counters.get(attribute) or 0)
-        else:
-            value = int(getattr(ingest_stats, attribute, 0) or 0)
+        value = None if counters is None else int(counters.get(attribute) or 0)
         lines += family(name, "counter", help_text, [({}, value)])
-    read_through = (
-        counters.get("read_through_ms")
-        if counters is not None
-        else getattr(ingest_stats, "read_through_ms", None)
-    )
+    read_through = counters.get("read_through_ms") if counters else None
     lines += family(
         "sparkpoint_ingest_read_through_timestamp_seconds",
         "gauge",
