@@ -224,6 +224,9 @@ def run_once(
     started, cpu_started = time.perf_counter(), time.process_time()
     while consumer.poll_once():
         pass
+    # The last completions' writes, their finishing units and the retention deletes end on
+    # other threads after the stream is drained: they are part of the ingest's work.
+    plane.wait_idle()
     elapsed = time.perf_counter() - started
     cpu = time.process_time() - cpu_started  # every thread of this process
     ingested = stats.events_ingested - before
