@@ -362,7 +362,13 @@ class FailoverDecision:
 
 
 def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:
-    """The ``_metadata`` of a completed checkpoint: everything a restore from its path needs."""
+    """The ``_metadata`` of a completed checkpoint: everything a restore from its path needs.
+
+    The acknowledgements leave out their fields that are None (a handle's ``inline`` beside
+    its ``path``, a non-keyed handle's key groups, ...): reading one back gives them their
+    default, None, again. So the ``_metadata`` of a job's checkpoint holds no ``null``, and
+    :func:`~sparkpoint.checkpointing.storage_base.encode_metadata` takes its fast path.
+    """
     return {
         "format": "sparkpoint-checkpoint/1",
         "job_id": job_id,
@@ -372,5 +378,5 @@ def checkpoint_metadata(job_id: str, cp: CompletedCheckpoint) -> dict[str, Any]:
         "is_final": cp.is_final,
         "trigger_timestamp": cp.trigger_timestamp,
         "completion_timestamp": cp.completion_timestamp,
-        "acks": [a.model_dump(mode="json") for a in cp.acks.values()],
+        "acks": [a.model_dump(mode="json", exclude_none=True) for a in cp.acks.values()],
     }

@@ -13,6 +13,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from sparkpoint.checkpointing.pending import CompletedCheckpoint, checkpoint_metadata
 from sparkpoint.checkpointing.storage import (
     CheckpointStorage,
     FileSystemCheckpointStorage,
@@ -27,7 +28,8 @@ from sparkpoint.errors import (
     CorruptSnapshotError,
     StorageLocationError,
 )
-from sparkpoint.protocol import StateHandleModel
+from sparkpoint.checkpointing.storage_base import encode_metadata
+from sparkpoint.protocol import CheckpointKind, SnapshotCompleted, StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
 
 DATA = b"snapshot bytes \x00\x01\x02"
@@ -496,3 +498,39 @@ def test_invalid_storage_options(kind: str, url: str | None, message: str) -> No
 def test_unknown_protocol_is_refused() -> None:
     with pytest.raises(StorageLocationError, match="cannot use checkpoint directory nope://x"):
         FileSystemCheckpointStorage("nope://x")
+
+
+def test_a_checkpoints_metadata_holds_no_null_and_reads_back_its_acks(
+    local: FileSystemCheckpointStorage,
+) -> None:
+    """The acknowledgements' None fields stay out of ``_metadata`` (so that it is written by
+    orjson, not by the standard library after it), and reading it back restores them."""
+    handles = [
+        StateHandleModel(path="file:///c/chk-5/pv-0", size=4096, checksum="sha256:00"),
+        StateHandleModel(inline="eA==", size=1, checksum="sha256:01", key_group_start=0),
+    ]
+    acks = {
+        ("pv", i): SnapshotCompleted(
+            checkpoint_id=5,
+            operator_id="pv",
+            subtask=i,
+            epoch=3,
+            ack_timestamp=1_764_000_000_000,
+            start_delay_ms=1.5,
+            alignment_duration_ms=0.0,
+            alignment_buffered_bytes=0,
+            sync_duration_ms=0.25,
+            async_duration_ms=3.0,
+            state_size=4097,
+            checkpointed_size=4097,
+            handles=handles,
+            barrier_timestamp=None if i else 1_764_000_000_000,
+        )
+        for i in range(2)
+    }
+    cp = CompletedCheckpoint(5, CheckpointKind.CHECKPOINT, 1, 10, 20, 10.0, False, acks)
+    metadata = checkpoint_metadata("job-1", cp)
+    raw = encode_metadata(metadata, "job-1", 5)
+    assert b"null" not in raw
+    read = local.read_metadata(local.write_metadata("job-1", 5, metadata))
+    assert [SnapshotCompleted.model_validate(a) for a in read["acks"]] == list(acks.values())
