@@ -21,6 +21,7 @@ from sparkpoint.checkpointing.storage import (
     StateTooLargeError,
     checkpoint_storage_from_options,
 )
+from sparkpoint.checkpointing.storage_base import encode_metadata
 from sparkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -28,7 +29,6 @@ from sparkpoint.errors import (
     CorruptSnapshotError,
     StorageLocationError,
 )
-from sparkpoint.checkpointing.storage_base import encode_metadata
 from sparkpoint.protocol import CheckpointKind, SnapshotCompleted, StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
 
