@@ -380,7 +380,7 @@ class ControlPlane:
         overdue = any(now >= pc.deadline_monotonic_ms() for pc in rt.coordinator.pending.values())
         stopping = rt.stop_checkpoint is not None or rt.final_requested
         queued = bool(rt.queued_checkpoints) and (
-            len(rt.coordinator.pending) < rt.coordinator.config.max_concurrent
+            rt.coordinator.pending_count < rt.coordinator.config.max_concurrent
         )
         return overdue or (not stopping and (queued or rt.coordinator.periodic_due()))
 

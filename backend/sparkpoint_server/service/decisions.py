@@ -155,7 +155,7 @@ def trigger_queued(batch: Batch, rt: JobRuntime) -> bool:
     """Trigger the oldest queued manual checkpoint request if a slot is free."""
     if not rt.queued_checkpoints or rt.status is not p.JobStatus.RUNNING:
         return False
-    if len(rt.coordinator.pending) >= rt.coordinator.config.max_concurrent:
+    if rt.coordinator.pending_count >= rt.coordinator.config.max_concurrent:
         return False
     request_id = rt.queued_checkpoints.pop(0)
     trigger(batch, rt, request_id=request_id)
@@ -209,7 +209,7 @@ def record_acknowledged(batch: Batch) -> None:
     """The rows of the checkpoints acknowledged in this batch that are still pending: counts,
     sizes and the latest acknowledgement, summed once per checkpoint (not once per ack)."""
     for (job_id, cid), (rt, latest) in batch.acknowledged.items():
-        pending = rt.coordinator.pending.get(cid)
+        pending = rt.coordinator.pending_checkpoint(cid)
         if pending is None:
             continue  # it completed or failed in this batch: that wrote its row
         acks = pending.acks.values()

@@ -385,7 +385,7 @@ class EventApplier:
         result = rt.coordinator.acknowledge(env.attempt, ack)
         if result.duplicate:
             return
-        pending = rt.coordinator.pending.get(ack.checkpoint_id)
+        pending = rt.coordinator.pending_checkpoint(ack.checkpoint_id)
         trigger_ts = pending.trigger_timestamp if pending else None
         if result.completed is not None:
             trigger_ts = result.completed.trigger_timestamp

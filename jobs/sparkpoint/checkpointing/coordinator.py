@@ -108,6 +108,16 @@ class CheckpointCoordinator:
         return dict(self._pending)
 
     @property
+    def pending_count(self) -> int:
+        """How many checkpoints are pending (without copying them)."""
+        return len(self._pending)
+
+    def pending_checkpoint(self, checkpoint_id: int) -> PendingCheckpoint | None:
+        """The pending checkpoint ``checkpoint_id``, or None (without copying the mapping:
+        the control plane looks one up per acknowledgement)."""
+        return self._pending.get(checkpoint_id)
+
+    @property
     def must_fail_job(self) -> bool:
         """True once the tolerable failure threshold was exceeded; cleared by a failover."""
         return self._must_fail_cause is not None
