@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import shutil
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
 from fsspec.core import split_protocol
+from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.checkpointing.shared_state import (
     MANIFEST_FILE,
@@ -89,6 +91,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if self._root == ".":
             self._root = ""
         self._object_store = is_object_store(self._protocols)
+        # A local directory is written and deleted through ``os`` directly: fsspec's local
+        # calls cost 1.3-1.5x theirs in the interpreter (the control plane writes a
+        # ``_metadata`` and deletes a subsumed checkpoint per completion).
+        self._local = issubclass(fs_class, LocalFileSystem)
         self._storage_options: dict[str, Any] = (
             shipped_storage_options(fs_class, storage_options)
             if self._object_store
@@ -362,10 +368,18 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             self.fs.pipe_file(path, raw)
             return
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.fs.pipe_file(temp, raw)
+        if self._local:
+            os.makedirs(posixpath.dirname(path), exist_ok=True)
+            with open(temp, "wb") as out:
+                out.write(raw)
+        else:
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.fs.pipe_file(temp, raw)
         try:
-            self.fs.mv(temp, path)
+            if self._local:
+                os.replace(temp, path)
+            else:
+                self.fs.mv(temp, path)
         except BaseException:
             self._remove_quietly(temp)
             raise
@@ -490,4 +504,11 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def _remove_quietly(self, path: str, recursive: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(path, recursive=recursive)
+            if not self._local:
+                self.fs.rm(path, recursive=recursive)
+            elif not os.path.isdir(path):
+                os.remove(path)
+            elif recursive:
+                shutil.rmtree(path)
+            else:  # as fsspec's local rm says it
+                raise ValueError("Cannot delete directory, set recursive=True")

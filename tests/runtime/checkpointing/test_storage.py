@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import pickle
 import uuid
 from collections.abc import Iterator
@@ -268,7 +269,7 @@ def test_metadata_write_is_atomic(
     def crash(*args: object, **kwargs: object) -> None:
         raise OSError("disk went away during rename")
 
-    monkeypatch.setattr(local.fs, "mv", crash)
+    monkeypatch.setattr(os, "replace", crash)  # a local directory renames through os
     with pytest.raises(OSError, match="disk went away"):
         local.write_metadata("job-1", 5, {"checkpoint_id": 5})
     monkeypatch.undo()
