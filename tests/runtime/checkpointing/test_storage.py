@@ -32,6 +32,7 @@ from sparkpoint.errors import (
 )
 from sparkpoint.protocol import CheckpointKind, SnapshotCompleted, StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
+from tests.support.acks import bare_ack
 
 DATA = b"snapshot bytes \x00\x01\x02"
 DATA_SHA = "sha256:" + hashlib.sha256(DATA).hexdigest()
@@ -511,19 +512,14 @@ def test_a_checkpoints_metadata_holds_no_null_and_reads_back_its_acks(
         StateHandleModel(inline="eA==", size=1, checksum="sha256:01", key_group_start=0),
     ]
     acks = {
-        ("pv", i): SnapshotCompleted(
-            checkpoint_id=5,
-            operator_id="pv",
+        ("pv", i): bare_ack(
+            5,
             subtask=i,
             epoch=3,
             ack_timestamp=1_764_000_000_000,
             start_delay_ms=1.5,
-            alignment_duration_ms=0.0,
-            alignment_buffered_bytes=0,
             sync_duration_ms=0.25,
-            async_duration_ms=3.0,
             state_size=4097,
-            checkpointed_size=4097,
             handles=handles,
             barrier_timestamp=None if i else 1_764_000_000_000,
         )
