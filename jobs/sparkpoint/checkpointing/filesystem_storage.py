@@ -14,15 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import shutil
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
 from fsspec.core import split_protocol
-from fsspec.implementations.local import LocalFileSystem
 
+from sparkpoint.checkpointing.file_ops import FileOps, file_ops_for
 from sparkpoint.checkpointing.shared_state import (
     MANIFEST_FILE,
     VERIFY_CHECKSUM_LIMIT,
@@ -91,19 +89,16 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if self._root == ".":
             self._root = ""
         self._object_store = is_object_store(self._protocols)
-        # A local directory is written and deleted through ``os`` directly: fsspec's local
-        # calls cost 1.3-1.5x theirs in the interpreter (the control plane writes a
-        # ``_metadata`` and deletes a subsumed checkpoint per completion).
-        self._local = issubclass(fs_class, LocalFileSystem)
         self._storage_options: dict[str, Any] = (
             shipped_storage_options(fs_class, storage_options)
             if self._object_store
             else dict(storage_options or {})
         )
         self._fs: fsspec.AbstractFileSystem | None = None  # created on first use, not pickled
+        self._file_ops: FileOps | None = None  # likewise
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None}
+        return {**self.__dict__, "_fs": None, "_file_ops": None}
 
     def __repr__(self) -> str:
         return f"FileSystemCheckpointStorage({self.base_url!r})"
@@ -118,6 +113,12 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if self._fs is None:
             self._fs = fsspec.filesystem(self._protocols[0], **self._storage_options)
         return self._fs
+
+    @property
+    def _files(self) -> FileOps:
+        if self._file_ops is None:
+            self._file_ops = file_ops_for(self.fs, self._object_store)
+        return self._file_ops
 
     def _url(self, path: str) -> str:
         return f"{self._protocols[0]}://{path}"
@@ -234,7 +235,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # Step 4
         raw = encode_manifest(fmt, entries)
         manifest = f"{directory}/{MANIFEST_FILE}"
-        self._write_atomically(manifest, raw)
+        self._files.write_atomically(manifest, raw)
         # Step 5
         refs = [
             SharedFileModel(path=e.path, size=e.size, checksum=e.checksum)
@@ -338,10 +339,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def discard_working_state(self, job_id: str, urls: Iterable[str] | None = None) -> None:
         """Delete durable working-state copies: the given ones, or all of the job's."""
         if urls is None:
-            self._remove_quietly(f"{self._job_dir(job_id)}/{WORKING_DIR}", recursive=True)
+            self._files.remove_quietly(f"{self._job_dir(job_id)}/{WORKING_DIR}", recursive=True)
             return
         for url in urls:
-            self._remove_quietly(self._inside_base(url))
+            self._files.remove_quietly(self._inside_base(url))
 
     # ------------------------------------------------------------------------- metadata
 
@@ -358,31 +359,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # Step 1: encode.
         raw = encode_metadata(metadata, job_id, checkpoint_id)
         # Steps 2 and 3
-        self._write_atomically(f"{directory}/{METADATA_FILE}", raw)
+        self._files.write_atomically(f"{directory}/{METADATA_FILE}", raw)
         return self._url(directory)
-
-    def _write_atomically(self, path: str, raw: bytes) -> None:
-        """Write ``raw`` under a temporary name beside ``path``, then rename it to ``path``;
-        on an object store, put it at ``path`` in one request (a put is atomic)."""
-        if self._object_store:
-            self.fs.pipe_file(path, raw)
-            return
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        if self._local:
-            os.makedirs(posixpath.dirname(path), exist_ok=True)
-            with open(temp, "wb") as out:
-                out.write(raw)
-        else:
-            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            self.fs.pipe_file(temp, raw)
-        try:
-            if self._local:
-                os.replace(temp, path)
-            else:
-                self.fs.mv(temp, path)
-        except BaseException:
-            self._remove_quietly(temp)
-            raise
 
     def read_metadata(self, path: str) -> dict[str, Any]:
         protocol, _ = split_protocol(path)
@@ -409,7 +387,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         """Delete a checkpoint's directory, then the shared files no checkpoint needs any more
         (:meth:`sweep_shared`): the standalone authority and the control plane both discard
         through here."""
-        self._remove_quietly(self._checkpoint_dir(job_id, checkpoint_id), recursive=True)
+        self._files.remove_quietly(self._checkpoint_dir(job_id, checkpoint_id), recursive=True)
         self.sweep_shared(job_id)
 
     def cleanup_incomplete(self, job_id: str, *, keep: Iterable[int] = ()) -> list[int]:
@@ -418,7 +396,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         for checkpoint_id, directory in self._checkpoint_dirs(job_id):
             if checkpoint_id in kept or self.fs.exists(f"{directory}/{METADATA_FILE}"):
                 continue
-            self._remove_quietly(directory, recursive=True)
+            self._files.remove_quietly(directory, recursive=True)
             removed.append(checkpoint_id)
         self.sweep_shared(job_id)
         return sorted(removed)
@@ -463,7 +441,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # Step 3
         doomed = sweepable(files, referenced, latest)
         for path in doomed:
-            self._remove_quietly(path)
+            self._files.remove_quietly(path)
         return [self._url(path) for path in doomed]
 
     def _references(self, directory: str) -> tuple[list[str], bool]:
@@ -501,14 +479,3 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             if name.startswith(_CHECKPOINT_PREFIX) and suffix.isdigit() and int(suffix) >= 1:
                 found.append((int(suffix), f"{job_dir}/{name}"))
         return found
-
-    def _remove_quietly(self, path: str, recursive: bool = False) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            if not self._local:
-                self.fs.rm(path, recursive=recursive)
-            elif not os.path.isdir(path):
-                os.remove(path)
-            elif recursive:
-                shutil.rmtree(path)
-            else:  # as fsspec's local rm says it
-                raise ValueError("Cannot delete directory, set recursive=True")
