@@ -33,6 +33,18 @@ def server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     embedded.stop()
 
 
+def written_to_its_file(client: redis.Redis) -> None:
+    """Wait until what ``client`` wrote is in the append-only file. With ``appendfsync
+    everysec`` Redis holds its writes back (up to 2 s) while the previous second's fsync runs,
+    and a SIGKILL meanwhile loses them: these tests are about what was written surviving."""
+    wait_for(
+        "the writes to reach the append-only file",
+        lambda: client.info("persistence")["aof_buffer_length"] == 0,
+        10,
+        every_s=0.01,
+    )
+
+
 def test_start_writes_the_url_file_that_jobs_read(server: EmbeddedRedis, tmp_path: Path) -> None:
     password = (tmp_path / "redis-password").read_text().strip()
     assert len(password) >= 32
@@ -71,6 +83,7 @@ def test_a_killed_server_is_restarted_on_the_same_port_with_its_data(
 ) -> None:
     client = redis_client(server.url)
     entry_id = client.xadd("events", {b"m": b"survives"})
+    written_to_its_file(client)
     old_pid = server.pid
     assert old_pid is not None
 
@@ -94,6 +107,7 @@ def test_a_drivers_command_read_waits_out_a_restart_of_the_embedded_redis(
     channel = CommandChannel(client, "job-1", "driver-1")
     channel.open()
     send_command(client, Streams(), "job-1", 1, 0, p.NotifyCheckpointComplete(checkpoint_id=7))
+    written_to_its_file(client)
     old_pid = server.pid
     assert old_pid is not None
 
