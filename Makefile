@@ -39,10 +39,12 @@ test-slow: $(VENV)/.installed
 test-spark-matrix: $(VENV)/.installed
 	$(PY) -m pytest -m spark_matrix
 
-# The chaos suite for minutes (make test runs its bounded form: 60 s of faults).
+# The chaos suite for minutes, the server in both its modes (make test-slow runs its bounded
+# form: 60 s of faults, the server in its default mode).
 CHAOS_SECONDS ?= 300
 chaos: $(VENV)/.installed
-	SPARKPOINT_CHAOS_SECONDS=$(CHAOS_SECONDS) $(PY) -m pytest -m chaos tests/chaos -s
+	SPARKPOINT_CHAOS_SECONDS=$(CHAOS_SECONDS) SPARKPOINT_CHAOS_MODES=two-processes,one-process \
+		$(PY) -m pytest -m chaos tests/chaos -s
 
 # The REST reference, generated from the API's OpenAPI document (a test checks it is current).
 docs: $(VENV)/.installed

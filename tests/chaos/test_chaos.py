@@ -6,10 +6,10 @@ random moments (a seeded schedule, every kind in turn; start-up, warm-up and res
 a Python worker, the driver's JVM or the driver process killed, the control plane killed and
 restarted, its engine alone killed (the server starts it again, or stops when it died too
 often and is restarted), the embedded Redis killed, the checkpoint storage full then freed,
-the database locked for 10 s. It runs twice: with the server as it starts by default (the API
-and its engine, two processes) and in one process (``SPARKPOINT_API_PROCESS=false``, where the
-engine fault finds no engine and is skipped). When the faults stop the job must finish by
-itself, and then:
+the database locked for 10 s. It runs with the server as it starts by default (the API and
+its engine, two processes) and, with ``make chaos``, also in one process
+(``SPARKPOINT_API_PROCESS=false``, where the engine fault finds no engine and is skipped).
+When the faults stop the job must finish by itself, and then:
 
 - the committed output equals a failure-free run's (every ``{"app_id", "pv": k}`` once);
 - no in-progress part, no state file outside a retained checkpoint, no working state is left;
@@ -19,7 +19,9 @@ itself, and then:
 
 ``SPARKPOINT_CHAOS_SECONDS`` sets how long faults come (default 60, the bounded form that
 ``make test-slow`` runs; ``make chaos`` runs 300), ``SPARKPOINT_CHAOS_SEED`` the schedule,
-``SPARKPOINT_CHAOS_KINDS`` (comma-separated) which faults come. A report
+``SPARKPOINT_CHAOS_KINDS`` (comma-separated) which faults come, ``SPARKPOINT_CHAOS_MODES``
+(comma-separated, ``two-processes`` and ``one-process``) which server modes run: the default
+mode alone in the bounded form (each run is ~150 s of CI); ``make chaos`` runs both. A report
 of every fault goes to ``SPARKPOINT_CHAOS_REPORT`` (default ``.sparkpoint/chaos/report.md``),
 one per server mode: ``report-two-processes.md`` and ``report-one-process.md``.
 """
@@ -53,6 +55,9 @@ SEED = int(os.environ.get("SPARKPOINT_CHAOS_SEED", str(random.SystemRandom().ran
 KINDS_RUN = tuple(
     k for k in os.environ.get("SPARKPOINT_CHAOS_KINDS", ",".join(KINDS)).split(",") if k
 )
+MODES = tuple(m for m in os.environ.get("SPARKPOINT_CHAOS_MODES", "two-processes").split(",") if m)
+if unknown_modes := sorted(set(MODES) - {"two-processes", "one-process"}):
+    raise ValueError(f"unknown chaos modes {unknown_modes}: two-processes, one-process")
 REPORT = Path(os.environ.get("SPARKPOINT_CHAOS_REPORT", ROOT / ".sparkpoint/chaos/report.md"))
 APPS, RATE = 10, 1_000
 
@@ -139,12 +144,12 @@ class ChaosRun:
         )
 
 
-@pytest.fixture(params=["two processes", "one process"])
+@pytest.fixture(params=MODES)
 def chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChaosRun]:
     data = tmp_path / "data"
     data.mkdir()
-    server = EmbeddedServer(data, api_process=request.param == "two processes")
-    run = ChaosRun(tmp_path, server, mode=request.param)
+    server = EmbeddedServer(data, api_process=request.param == "two-processes")
+    run = ChaosRun(tmp_path, server, mode=request.param.replace("-", " "))
     run.storage_mounted = mount_tmpfs(run.checkpoints, size_mb=64)
     run.server.start()
     try:
