@@ -37,6 +37,21 @@ PYTHON_ERROR = (
     "ZeroDivisionError: division by zero\n"
 )
 
+# A Python worker killed (SIGKILL) during an epoch, as the driver's Py4J error text carries it.
+PYTHON_WORKER_CRASHED = (
+    "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 225.0 "
+    "failed 1 times, most recent failure: Lost task 1.0 in stage 225.0 (TID 451) (192.0.2.2 "
+    "executor driver): org.apache.spark.SparkException: Python worker exited unexpectedly "
+    "(crashed). Consider setting 'spark.sql.execution.pyspark.udf.faulthandler.enabled' "
+    "or'spark.python.worker.faulthandler.enabled' configuration to 'true' for the better Python "
+    "traceback.\n"
+    "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator$$anonfun$1.applyOrElse("
+    "PythonRunner.scala:1136)\n"
+    "Caused by: java.io.EOFException\n"
+    "\tat java.base/java.io.DataInputStream.readInt(DataInputStream.java:386)\n"
+)
+
 
 def test_an_executor_lost_with_its_task_names_the_executor_its_host_and_sparks_reason() -> None:
     assert failure_cause(RuntimeError(EXECUTOR_LOST)) == (
@@ -65,3 +80,12 @@ def test_the_cause_is_one_line_and_bounded() -> None:
     cause = executor_lost_cause("7", "10.0.0.9", "worker lost:\n  " + "x" * 1000)
     assert "\n" not in cause and len(cause) == 500
     assert cause.startswith("executor 7 on 10.0.0.9 lost: worker lost: xxx")
+
+
+def test_a_crashed_python_worker_is_named_with_its_task_not_the_py4j_call() -> None:
+    """Spark's own error for the task (no exception of the job's code in the text) is the cause,
+    where the Py4J call that reported it ("An error occurred while calling ...") was."""
+    assert failure_cause(RuntimeError(PYTHON_WORKER_CRASHED)) == (
+        "SparkException: Python worker exited unexpectedly (crashed) "
+        "(task 1.0 of stage 225.0, executor driver on 192.0.2.2)"
+    )

@@ -280,6 +280,12 @@ _FETCH_FAILED = re.compile(
 # "... has failed the maximum allowable number of times: 1. Most recent failure reason:\n
 # org.apache.spark.shuffle.FetchFailedException: Failed to connect to /127.0.0.1:36449"
 _FETCH_EXCEPTION = re.compile(r"FetchFailedException: ([^\n]*)")
+# "... most recent failure: Lost task 1.0 in stage 225.0 (TID 451) (10.0.0.6 executor driver):
+# org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider ..."
+_LOST_TASK = re.compile(
+    r"most recent failure: Lost task ([\d.]+) in stage ([\d.]+) \(TID \d+\) "
+    r"\((\S+) executor (\w+)\): (?:[\w$]+\.)*(\w+): ([^\n]*)"
+)
 
 
 def executor_lost_cause(executor_id: str, host: str, reason: str) -> str:
@@ -317,6 +323,12 @@ def failure_cause(err: BaseException) -> str:
     if matches:
         name, message = matches[-1].groups()
         return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"
+    lost_task = _LOST_TASK.search(text)
+    if lost_task is not None:  # Spark's own error for the task (a Python worker that crashed)
+        task, stage, host, executor, name, message = lost_task.groups()
+        first_sentence = message.strip().split(". ", 1)[0].rstrip(".")
+        where = f"task {task} of stage {stage}, executor {executor} on {host}"
+        return f"{name}: {first_sentence} ({where})"[:500]
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return first[:500]
 
