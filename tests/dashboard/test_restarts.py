@@ -113,7 +113,9 @@ def test_restart_marks_call_a_requested_restore_a_restore() -> None:
             },
         ]
     }
+    # A RESTARTING transition carries the attempt that ended (as the control plane records
+    # it); the mark names the attempt the restart starts.
     assert restart_marks(job) == [
-        (T0, "restart → attempt 1"),
-        (T0 + 1, "restore → attempt 2"),
+        (T0, "restart → attempt 2"),
+        (T0 + 1, "restore → attempt 3"),
     ]

@@ -76,12 +76,17 @@ def status_figure(bands: list[dict[str, Any]]) -> dict[str, Any]:
 
 def restart_marks(job: dict[str, Any]) -> list[tuple[int, str]]:
     """``(time, text)`` of each restart (a RESTARTING transition) for the throughput chart; a
-    requested restore says ``restore``."""
+    requested restore says ``restore``. The transition carries the attempt that ended; the
+    mark names the one it starts."""
     return [
-        (h["timestamp"], f"{restart_word(h.get('cause'))} → attempt {h.get('attempt')}")
+        (h["timestamp"], f"{restart_word(h.get('cause'))}{_next_attempt(h.get('attempt'))}")
         for h in job.get("status-history") or []
         if h.get("status") == "RESTARTING"
     ]
+
+
+def _next_attempt(ended: Any) -> str:
+    return f" → attempt {ended + 1}" if isinstance(ended, int) else ""
 
 
 def restart_word(cause: str | None) -> str:

@@ -248,7 +248,7 @@ def test_restart_labels_do_not_overlap_and_the_toolbar_leaves_the_legend_free(
         f"#{graph} g.annotation",
     )
 
-    assert sorted(texts) == ["restart → attempt 1", "restore → attempt 2", "restore → attempt 3"]
+    assert sorted(texts) == ["restart → attempt 2", "restore → attempt 3", "restore → attempt 4"]
     assert not any(overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
     for chart in (ids.JOB_THROUGHPUT_CHART, ids.JOB_STATUS_CHART):
         ActionChains(page.driver).move_to_element(page.by_id(chart)).perform()  # shows the bar
