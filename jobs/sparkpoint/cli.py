@@ -130,6 +130,8 @@ def _client_command(ns: argparse.Namespace) -> int:
                 print(json.dumps({"jobs": jobs}))
             for j in [] if as_json else jobs:
                 print(f"{j['id']}  {j['status']:<11} attempt {j['attempt']:<3} {j['name']}")
+            if not jobs and not as_json:
+                print(f"no jobs: the control plane at {client.base_url} knows none")
             return 0
         if ns.command == "cancel":
             client.request("PATCH", f"/jobs/{job}", params={"mode": "cancel"})

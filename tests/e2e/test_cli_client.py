@@ -26,6 +26,12 @@ def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_list_cancel_and_errors_through_the_command_line(server: ServerProcess) -> None:
+    empty = _cli(server, "list")
+    assert (empty.returncode, empty.stdout) == (
+        0,
+        f"no jobs: the control plane at {server.url} knows none\n",
+    )
+    assert json.loads(_cli(server, "list", "--output", "json").stdout) == {"jobs": []}
     server.register_running_job("job-cli")
     listed = wait_for(
         "the job in `sparkpoint list`",
