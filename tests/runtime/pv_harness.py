@@ -94,9 +94,11 @@ def run_pv(
     apps: int = APPS,
     epoch_records: int = EPOCH_RECORDS,
     alignment_buffer: int = JobOptions.alignment_buffer_bytes,
+    checkpoint_dir: bool = True,
 ) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory. ``backend`` is the state
-    backend and whether its checkpoints are incremental."""
+    backend and whether its checkpoints are incremental; without ``checkpoint_dir``,
+    jobmanager storage keeps the checkpoints in memory."""
     out = out or str(base / name / "out")
     restart_conf = {"restart-strategy.type": restart}
     if restart == "fixed-delay":
@@ -109,7 +111,7 @@ def run_pv(
         checkpoint=CheckpointConfig(
             mode=CheckpointingMode(mode), interval_ms=interval_ms, retained=retained
         ),
-        checkpoint_dir=f"file://{base / name / 'chk'}",
+        checkpoint_dir=f"file://{base / name / 'chk'}" if checkpoint_dir else None,
         checkpoint_storage=storage,
         local_dir=str(base / name / "local"),
         parallelism=parallelism,

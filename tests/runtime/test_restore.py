@@ -55,9 +55,13 @@ def test_final_checkpoint_state_restores_to_the_true_counts_at_any_parallelism(
     assert sources == {"generator-0": 6000, "generator-1": 6000}
 
 
+@pytest.mark.parametrize("in_memory", [False, True], ids=["own-directory", "in-memory"])
 def test_restore_from_checkpoint_path_in_a_new_driver_with_new_parallelism(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, in_memory: bool
 ) -> None:
+    """The second driver reads the checkpoint where it is, also when it keeps its own
+    checkpoints in memory (jobmanager storage without a directory, as ``--standalone``
+    without ``--checkpoint-dir``)."""
     # Run 1 fails for good (no restart) late in its input, after several checkpoints.
     out = str(tmp_path / "out")
     with pytest.raises(JobFailedError, match="injected failure"):
@@ -76,7 +80,14 @@ def test_restore_from_checkpoint_path_in_a_new_driver_with_new_parallelism(
     latest = completed_checkpoint_dirs(tmp_path, "first")[-1]
     # Run 2: a new driver, three keyed subtasks, restored from the checkpoint's path.
     result, _ = run_pv(
-        spark, tmp_path, "second", out=out, parallelism=3, from_checkpoint=f"file://{latest}"
+        spark,
+        tmp_path,
+        "second",
+        out=out,
+        parallelism=3,
+        storage="jobmanager" if in_memory else "filesystem",
+        checkpoint_dir=not in_memory,
+        from_checkpoint=f"file://{latest}",
     )
     assert result.status is JobStatus.FINISHED
     assert result.restores == [int(latest.name.split("-")[1])]

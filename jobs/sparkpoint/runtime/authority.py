@@ -127,9 +127,12 @@ class InProcessAuthority(Authority):
         self.finished = False
 
     def prepare(self) -> None:
-        """Read ``--from-checkpoint`` before Spark starts, so that a wrong path fails at once."""
+        """Read ``--from-checkpoint`` before Spark starts, so that a wrong path fails at once.
+        It is read where it is, whatever storage the job checkpoints to (Flink's ``-s``): a
+        savepoint restores into a job whose checkpoints stay in memory."""
         if self.options.from_checkpoint:
-            point = restore_point_from_metadata(self.storage, self.options.from_checkpoint)
+            self.initial_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
+            point = restore_point_from_metadata(self.initial_storage, self.options.from_checkpoint)
             self.initial_point = check_restore_point(
                 point,
                 self.job.graph,
@@ -176,7 +179,6 @@ class InProcessAuthority(Authority):
             )
             job.attempt = self.coordinator.attempt
         if point is not None and self.options.from_checkpoint:
-            self.initial_storage = storage_for_checkpoint_path(self.options.from_checkpoint)
             job.restore(point, self.initial_storage)
         job.set_status(p.JobStatus.RUNNING)
         job.planner.start()

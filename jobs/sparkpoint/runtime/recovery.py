@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from fsspec.core import split_protocol
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
@@ -161,9 +164,15 @@ def verify_restore_point(point: RestorePoint, storage: CheckpointStorage) -> Non
 
 def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
     """A storage rooted where a checkpoint lives (``<base>/<job-id>/chk-<n>[/_metadata]``), so
-    that its handles can be read by a job whose own checkpoint directory is elsewhere."""
+    that its handles can be read by a job whose own checkpoint directory is elsewhere (or that
+    keeps its checkpoints in memory). A path too short for that layout is rooted at its
+    filesystem's root (an object store's: its bucket)."""
     trimmed = path.rstrip("/")
     if trimmed.endswith("/_metadata"):
         trimmed = trimmed[: -len("/_metadata")]
-    base = trimmed.rsplit("/", 2)[0]
-    return FileSystemCheckpointStorage(base)
+    protocol, rest = split_protocol(trimmed)
+    top = "" if protocol in (None, "file", "local") else rest.lstrip("/").split("/", 1)[0]
+    base = posixpath.dirname(posixpath.dirname(rest))
+    if len(base.strip("/")) <= len(top):
+        base = f"{top}/" if top else "/"
+    return FileSystemCheckpointStorage(f"{protocol}://{base}" if protocol else base)
