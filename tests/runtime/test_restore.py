@@ -97,12 +97,19 @@ def test_restore_from_checkpoint_path_in_a_new_driver_with_new_parallelism(
     assert set(hidden_files(out)) <= set(left_by_first)
 
 
-def test_inline_jobmanager_storage_is_exactly_once(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+def test_inline_jobmanager_storage_is_exactly_once(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    """Checkpoints in memory (no directory): RocksDB's are canonical snapshots inline, as its
+    native files need a filesystem (Flink's RocksDB full snapshots into the JobManager)."""
     result, out = run_pv(
         spark,
         tmp_path,
         "inline",
         storage="jobmanager",
+        checkpoint_dir=False,
+        backend=(backend, False),
         failure=FailureInjection("keyed", subtask=0, records=100, at_epoch=2),
     )
     assert result.restores and result.restores[0] is not None

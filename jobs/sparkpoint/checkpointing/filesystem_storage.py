@@ -71,6 +71,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         StorageLocationError: when ``base_url`` is empty or its protocol is unknown to fsspec.
     """
 
+    native_snapshots = True
+
     def __init__(self, base_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         if not isinstance(base_url, str) or not base_url.strip():
             raise StorageLocationError(f"checkpoint storage needs a base URL, got {base_url!r}")

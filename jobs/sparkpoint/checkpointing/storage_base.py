@@ -62,6 +62,10 @@ class NativeSnapshotUnsupportedError(StateTooLargeError, ConfigurationError):
 class CheckpointStorage(abc.ABC):
     """Writes and reads the state handles and the metadata of checkpoints."""
 
+    #: Whether it stores native snapshots (a RocksDB checkpoint's own files, see
+    #: :meth:`write_native`); a backend takes canonical snapshots into one that does not.
+    native_snapshots = False
+
     @abc.abstractmethod
     def write_state(
         self,

@@ -144,7 +144,8 @@ class SubtaskCheckpointer:
         capture = None
         if self.backend is not None:  # savepoints are canonical, checkpoints may be native
             savepoint = barrier.kind is not CheckpointKind.CHECKPOINT
-            capture = self.backend.snapshot(barrier.checkpoint_id, native=not savepoint)
+            native = not savepoint and self.plan.storage.native_snapshots  # else inline
+            capture = self.backend.snapshot(barrier.checkpoint_id, native=native)
         operator_state: list[p.OperatorStateModel] = []
         decline = None
         if self.operator_state is not None:
