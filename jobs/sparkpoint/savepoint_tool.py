@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from sparkpoint.checkpointing.relocation import relocated
 from sparkpoint.checkpointing.storage import METADATA_FILE, SHARED_DIR, FileSystemCheckpointStorage
 from sparkpoint.checkpointing.storage_base import format_size
 from sparkpoint.errors import CheckpointNotFoundError, CorruptSnapshotError, SparkpointError
@@ -160,7 +161,8 @@ def _open(
     except (KeyError, TypeError, ValueError) as err:
         detail = " ".join(str(err).split())
         raise CorruptSnapshotError(f"{where} has no valid acknowledgements: {detail}") from err
-    return storage, metadata, acks
+    # A savepoint moved or copied here names the files of where it was written.
+    return storage, metadata, relocated(acks, storage.base_url, storage.fs.isfile)
 
 
 def _short(value: Any) -> str:

@@ -218,6 +218,24 @@ def test_inspect_prints_the_same_as_json(
     }
 
 
+def test_a_moved_savepoint_is_read_where_it_is_now(
+    savepoint: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Savepoints are relocatable, as Flink's: moved to another directory (nothing left where
+    it was written), its files are read where they are now."""
+    original = FileSystemCheckpointStorage(str(savepoint["dir"])).base_url
+    _, before, _ = run(["savepoint", "inspect", original, "--output", "json"], capsys)
+    moved = tmp_path / "backups" / "orders-3"
+    moved.parent.mkdir()
+    savepoint["dir"].rename(moved)
+
+    code, after, err = run(["savepoint", "inspect", str(moved), "--output", "json"], capsys)
+
+    assert (code, err) == (0, "")
+    now = FileSystemCheckpointStorage(str(moved)).base_url
+    assert json.loads(after) == json.loads(before.replace(original, now))
+
+
 def test_long_values_are_cut_to_80_characters(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -133,8 +133,11 @@ def test_a_standalone_job_ends_with_a_canonical_savepoint_that_restores(
     }
     chk = tmp_path / "sp" / "chk" / "pv-sp" / f"chk-{result.completed_checkpoints[-1]}"
     assert not chk.exists()  # copied, then dropped from checkpoint storage
-    # The savepoint restores into the other backend at another parallelism (the sources are
-    # at their end: nothing is written twice).
+    # Moved elsewhere (savepoints are relocatable), the savepoint restores into the other
+    # backend at another parallelism (the sources are at their end: nothing is written twice).
+    moved = tmp_path / "backups" / savepoint.name
+    moved.parent.mkdir()
+    savepoint.rename(moved)
     other = ("hashmap", False) if backend[0] == "rocksdb" else ("rocksdb", False)
     again, _ = run_pv(
         spark,
@@ -143,7 +146,7 @@ def test_a_standalone_job_ends_with_a_canonical_savepoint_that_restores(
         out=out,
         parallelism=3,
         backend=other,
-        from_checkpoint=f"file://{savepoint}",
+        from_checkpoint=f"file://{moved}",
     )
     assert again.status is JobStatus.FINISHED
     assert line_counts(out) == expected_every_lines()

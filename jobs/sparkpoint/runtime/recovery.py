@@ -15,7 +15,12 @@ from fsspec.core import split_protocol
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.checkpointing.pending import checkpoint_metadata as checkpoint_metadata
-from sparkpoint.checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
+from sparkpoint.checkpointing.relocation import relocated
+from sparkpoint.checkpointing.storage import (
+    METADATA_FILE,
+    CheckpointStorage,
+    FileSystemCheckpointStorage,
+)
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, StorageLocationError
 from sparkpoint.graph import JobGraph
 
@@ -58,10 +63,17 @@ def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> Restor
     try:
         if meta.get("format") != "sparkpoint-checkpoint/1":
             raise ValueError(f"unknown format {meta.get('format')!r}")
-        acks = tuple(p.SnapshotCompleted.model_validate(a) for a in meta["acks"])
-        return RestorePoint(int(meta["checkpoint_id"]), int(meta["attempt"]), acks, path)
+        acks = [p.SnapshotCompleted.model_validate(a) for a in meta["acks"]]
+        checkpoint_id, attempt = int(meta["checkpoint_id"]), int(meta["attempt"])
     except (KeyError, TypeError, ValueError) as err:
         raise CorruptSnapshotError(f"{path}: not a valid Sparkpoint checkpoint: {err}") from err
+    if isinstance(storage, FileSystemCheckpointStorage):  # a savepoint moved or copied here
+        fs = storage.fs
+        directory = fs._strip_protocol(path).rstrip("/")
+        if posixpath.basename(directory) == METADATA_FILE:
+            directory = posixpath.dirname(directory)
+        acks = relocated(acks, fs.unstrip_protocol(directory), fs.isfile)
+    return RestorePoint(checkpoint_id, attempt, tuple(acks), path)
 
 
 def check_restore_point(
