@@ -106,6 +106,13 @@ def _seconds_to_ms(flag: str, value: float) -> int:
     return round(value * 1000)
 
 
+def _positive_ms(flag: str, value: float) -> int:
+    """A duration that must pass before something happens (a timeout): > 0, at least 1 ms."""
+    if not value > 0:
+        raise ConfigurationError(f"{flag} must be > 0 seconds, got {value:g}")
+    return max(1, round(value * 1000))
+
+
 #: How alike (difflib's ratio, without the dashes) a job argument and a product option must be
 #: for the argument to count as a misspelling: ``checkpoint-intervall`` is 0.97, ``mod``
 #: (``mode``) 0.86; the example job's ``events`` (``events-log``) 0.75.
@@ -176,7 +183,7 @@ def parse_job_options(
     checkpoint = CheckpointConfig(
         mode=CheckpointingMode(ns.mode),
         interval_ms=_seconds_to_ms("--checkpoint-interval", ns.checkpoint_interval),
-        timeout_ms=max(1, _seconds_to_ms("--checkpoint-timeout", ns.checkpoint_timeout)),
+        timeout_ms=_positive_ms("--checkpoint-timeout", ns.checkpoint_timeout),
         min_pause_ms=_seconds_to_ms("--min-pause", ns.min_pause),
         tolerable_failures=ns.tolerable_failures,
         retained=ns.retained,

@@ -66,6 +66,7 @@ from sparkpoint.errors import (
     CheckpointNotFoundError,
     ConfigurationError,
     CorruptSnapshotError,
+    SparkpointError,
     StorageLocationError,
 )
 from sparkpoint.options import JobOptions, parse_job_options
@@ -132,13 +133,26 @@ def check_supervised(options: JobOptions) -> None:
 
 
 def checkpoint_ids(options: JobOptions, job_id: str) -> list[int]:
-    """The ids of the job's checkpoints that have ``_metadata`` in its checkpoint directory."""
+    """The ids of the job's checkpoints that have ``_metadata`` in its checkpoint directory.
+
+    Raises:
+        ConfigurationError: the directory cannot be listed (no credentials for an object
+            store, an unknown host...), on one line, instead of the storage library's trace.
+    """
     if options.checkpoint_dir is None:
         return []
     storage = checkpoint_storage_from_options(
         options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
     )
-    return storage.completed_checkpoint_ids(job_id)
+    try:
+        return storage.completed_checkpoint_ids(job_id)
+    except SparkpointError:
+        raise
+    except Exception as err:  # OSError locally; object stores raise their own errors too
+        detail = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigurationError(
+            f"cannot read --checkpoint-dir {options.checkpoint_dir}: {type(err).__name__}: {detail}"
+        ) from err
 
 
 def latest_checkpoint_path(

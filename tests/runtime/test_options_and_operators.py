@@ -45,6 +45,8 @@ def test_product_options_and_job_arguments_are_split() -> None:
     ("argv", "message"),
     [
         (["--checkpoint-interval", "-1"], "--checkpoint-interval must be >= 0 seconds"),
+        # 0 would expire every checkpoint as it starts: Flink refuses a timeout of 0 too.
+        (["--checkpoint-timeout", "0"], "--checkpoint-timeout must be > 0 seconds, got 0"),
         (["--parallelism", "0"], "--parallelism must be between 1 and --max-parallelism (128)"),
         (["--fail-after", "-3"], "--fail-after must be >= 0 records"),
         (["--alignment-buffer", "-1"], "--alignment-buffer must be >= 0 bytes, got -1"),

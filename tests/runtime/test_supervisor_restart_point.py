@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
-from sparkpoint.errors import CorruptSnapshotError
+from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
 from sparkpoint.options import JobOptions, parse_job_options
 from sparkpoint.protocol import StateHandleModel
-from sparkpoint.supervisor import latest_checkpoint_path
+from sparkpoint.supervisor import checkpoint_ids, latest_checkpoint_path
 
 JOB = "job-sup"
 
@@ -92,3 +92,25 @@ def test_no_restart_when_this_runs_checkpoints_all_fail_to_verify(tmp_path: Path
     with pytest.raises(CorruptSnapshotError, match="no checkpoint of this run") as err:
         latest_checkpoint_path(_options(tmp_path / "chk"), JOB, after=1)
     assert handle.shared[0].path in str(err.value)
+
+
+def test_a_checkpoint_directory_that_cannot_be_listed_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An object store without credentials: the supervisor names the directory and the
+    store's error before the driver starts, instead of printing the store library's trace."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    options = parse_job_options(
+        ["--job-id", JOB, "--standalone", "--checkpoint-dir", "s3://no-such-bucket/chk"],
+        job_options=(),
+    )[0]
+    with pytest.raises(ConfigurationError) as err:
+        checkpoint_ids(options, JOB)
+    assert str(err.value) == (
+        "cannot read --checkpoint-dir s3://no-such-bucket/chk: NoCredentialsError: "
+        "Unable to locate credentials"
+    )
