@@ -216,7 +216,8 @@ def test_the_throughput_chart_has_rate_lag_on_a_second_axis_and_restarts() -> No
     assert layout["xaxis"]["title"]["text"] == "time (UTC)"
     (shape,) = layout["shapes"]
     assert shape["x0"] == to_datetime(T0 + 80_000)
-    assert [a["text"] for a in layout["annotations"]] == ["restart → attempt 1"]
+    # The RESTARTING transition of attempt 1 starts attempt 2 (RUNNING as attempt 2 next).
+    assert [a["text"] for a in layout["annotations"]] == ["restart → attempt 2"]
 
 
 def test_failures_show_where_why_and_what_the_restart_strategy_decided() -> None:
