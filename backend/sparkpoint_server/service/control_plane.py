@@ -483,10 +483,10 @@ class ControlPlane:
         if rt is not None:
             return rt
         with self.sessions() as session:
-            exists = session.execute(select(Job.job_id).where(Job.job_id == job_id)).first()
-        if exists is None:
+            status = session.execute(select(Job.status).where(Job.job_id == job_id)).scalar()
+        if status is None:
             raise JobNotFoundError(job_id)
-        raise ConflictError(f"job {job_id} is not running (it has finished, failed or stopped)")
+        raise ConflictError(f"job {job_id} is {status}; the request needs a live job")
 
     def active_runtime(self, job_id: str) -> JobRuntime:
         rt = self.runtime(job_id)

@@ -181,6 +181,12 @@ def test_cancel_and_stop_with_savepoint(harness: Harness, tmp_path: os.PathLike[
     assert _job(harness).status == "FINISHED"
     with pytest.raises(ConflictError, match="FINISHED"):
         harness.plane.cancel(harness.job_id)
+    # A restarted control plane keeps ended jobs in its database only: still named with their
+    # status.
+    harness.new_control_plane()
+    with pytest.raises(ConflictError) as refused:
+        harness.plane.cancel(harness.job_id)
+    assert str(refused.value) == f"job {harness.job_id} is FINISHED; the request needs a live job"
 
 
 def test_cancel_a_running_job(harness: Harness) -> None:
