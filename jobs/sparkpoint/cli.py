@@ -128,8 +128,11 @@ def _client_command(ns: argparse.Namespace) -> int:
             jobs = client.request("GET", "/jobs")["jobs"]
             if as_json:
                 print(json.dumps({"jobs": jobs}))
+            width = max((len(j["id"]) for j in jobs), default=0)  # one column of ids
             for j in [] if as_json else jobs:
-                print(f"{j['id']}  {j['status']:<11} attempt {j['attempt']:<3} {j['name']}")
+                print(
+                    f"{j['id']:<{width}}  {j['status']:<11} attempt {j['attempt']:<3} {j['name']}"
+                )
             if not jobs and not as_json:
                 print(f"no jobs: the control plane at {client.base_url} knows none")
             return 0

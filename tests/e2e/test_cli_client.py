@@ -33,11 +33,14 @@ def test_list_cancel_and_errors_through_the_command_line(server: ServerProcess) 
     )
     assert json.loads(_cli(server, "list", "--output", "json").stdout) == {"jobs": []}
     server.register_running_job("job-cli")
+    server.register_running_job("j2")
     listed = wait_for(
-        "the job in `sparkpoint list`",
-        lambda: "RUNNING" in (out := _cli(server, "list")).stdout and out,
+        "both jobs in `sparkpoint list`",
+        lambda: (out := _cli(server, "list")).stdout.count("RUNNING") == 2 and out,
     )
     assert "job-cli" in listed.stdout and "pv" in listed.stdout
+    lines = listed.stdout.splitlines()
+    assert len({line.index("RUNNING") for line in lines}) == 1, lines  # ids in one column
     cancel = _cli(server, "cancel", "job-cli")
     assert cancel.returncode == 0 and "cancelling job job-cli" in cancel.stdout
     assert "CANCELLING" in _cli(server, "list").stdout
