@@ -15,7 +15,7 @@ import pytest
 from sparkpoint import cli
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 from sparkpoint.checkpointing.storage_base import format_size
-from sparkpoint.protocol import SnapshotCompleted, StateHandleModel
+from sparkpoint.protocol import SnapshotCompleted, StateDescriptorModel, StateHandleModel
 from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import StateInfo
 from sparkpoint.state.descriptors import ValueStateDescriptor
@@ -89,6 +89,9 @@ def savepoint(tmp_path: Path) -> dict[str, Any]:
     shared_file.write_bytes(b"sst")
     manifest = storage.write_state(JOB, 3, "enrich-0", b'{"files": {}}', key_group_range=low)
     native = with_format(manifest, "rocksdb-native-v1")
+    if "states" in StateHandleModel.model_fields:
+        declared = StateDescriptorModel(name="enriched", kind="map", serializer="pickle")
+        native = native.model_copy(update={"states": [declared]})
     if "shared" in StateHandleModel.model_fields:
         ref = {"path": shared_file.as_uri(), "size": 3, "checksum": "sha256:00"}
         native = StateHandleModel.model_validate({**native.model_dump(), "shared": [ref]})
@@ -167,6 +170,17 @@ def test_inspect_lists_operators_handles_states_and_a_sample(
             + f", key groups [0, 3], {native.size} bytes",
             "  file enrich-0",
             *(["  shared files referenced: 1"] if recorded else []),
+            # A native snapshot's files are not read: what _metadata says of it.
+            *(
+                [
+                    f"  RocksDB's own files, {native.size} bytes in all, not read here (a "
+                    "savepoint of the job shows entries)",
+                    "    state     kind  serializer",
+                    "    enriched  map   pickle",
+                ]
+                if recorded
+                else []
+            ),
             "operator source, subtask 0: no state",
             "",
         ]
