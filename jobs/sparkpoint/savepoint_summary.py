@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -145,11 +146,7 @@ def render_text(summary: SavepointSummary) -> str:
         rows = [("state", "kind", "serializer", "entries", "bytes")] + [
             (s.name, s.kind, s.serializer, str(s.entries), str(s.bytes)) for s in h.states
         ]
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        for row in rows:
-            left = "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=False))
-            right = "  ".join(cell.rjust(w) for cell, w in zip(row[3:], widths[3:], strict=True))
-            lines.append(f"    {left}  {right}")
+        lines.extend(_table(rows, text_columns=3))
         if h.sample:
             lines.append(f"  sample ({len(h.sample)} of {h.entries}):")
             lines.extend(
@@ -172,10 +169,19 @@ def _native_lines(h: HandleSummary) -> list[str]:
     size = "" if h.native_size is None else f", {format_size(h.native_size)} in all"
     lines = [f"  RocksDB's own files{size}, not read here (a savepoint of the job shows entries)"]
     if h.declared:
-        rows = [("state", "kind", "serializer"), *h.declared]
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
-        lines.extend(
-            "    " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows
-        )
+        lines.extend(_table([("state", "kind", "serializer"), *h.declared], text_columns=3))
     return lines
+
+
+def _table(rows: Sequence[tuple[str, ...]], text_columns: int) -> list[str]:
+    """``rows`` as indented lines of aligned columns: the first ``text_columns`` to the left,
+    the rest (numbers) to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "    "
+        + "  ".join(
+            cell.ljust(w) if i < text_columns else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]

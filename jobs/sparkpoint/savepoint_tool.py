@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkpoint.checkpointing.relocation import relocated
+from sparkpoint.checkpointing.relocation import relocated_to
 from sparkpoint.checkpointing.storage import METADATA_FILE, SHARED_DIR, FileSystemCheckpointStorage
 from sparkpoint.checkpointing.storage_base import format_size
 from sparkpoint.errors import CheckpointNotFoundError, CorruptSnapshotError, SparkpointError
@@ -100,7 +100,7 @@ def _open(
         detail = " ".join(str(err).split())
         raise CorruptSnapshotError(f"{where} has no valid acknowledgements: {detail}") from err
     # A savepoint moved or copied here names the files of where it was written.
-    return storage, metadata, relocated(acks, storage.base_url, storage.fs.isfile)
+    return storage, metadata, relocated_to(storage, path, acks)
 
 
 def _short(value: Any) -> str:

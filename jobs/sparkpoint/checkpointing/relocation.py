@@ -16,12 +16,26 @@ they were (Flink's incremental checkpoints are not relocatable either).
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Sequence
 
+from sparkpoint.checkpointing.filesystem_storage import METADATA_FILE, FileSystemCheckpointStorage
 from sparkpoint.checkpointing.shared_state import is_manifest
 from sparkpoint.protocol import SnapshotCompleted, StateHandleModel
 
-__all__ = ["relocated"]
+__all__ = ["relocated", "relocated_to"]
+
+
+def relocated_to(
+    storage: FileSystemCheckpointStorage, path: str, acks: Sequence[SnapshotCompleted]
+) -> list[SnapshotCompleted]:
+    """``acks`` of the checkpoint at ``path`` (its directory or its ``_metadata``) on
+    ``storage``'s filesystem, with their files moved there (:func:`relocated`)."""
+    fs = storage.fs
+    directory = fs._strip_protocol(path).rstrip("/")
+    if posixpath.basename(directory) == METADATA_FILE:
+        directory = posixpath.dirname(directory)
+    return relocated(acks, fs.unstrip_protocol(directory), fs.isfile)
 
 
 def relocated(

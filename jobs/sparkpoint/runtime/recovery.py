@@ -15,12 +15,8 @@ from fsspec.core import split_protocol
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.checkpointing.pending import checkpoint_metadata as checkpoint_metadata
-from sparkpoint.checkpointing.relocation import relocated
-from sparkpoint.checkpointing.storage import (
-    METADATA_FILE,
-    CheckpointStorage,
-    FileSystemCheckpointStorage,
-)
+from sparkpoint.checkpointing.relocation import relocated_to
+from sparkpoint.checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, StorageLocationError
 from sparkpoint.graph import JobGraph
 
@@ -52,7 +48,7 @@ class RestorePoint:
         return tuple(s for a in self.acks if a.operator_id == operator_id for s in a.operator_state)
 
 
-def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> RestorePoint:
+def restore_point_from_metadata(storage: FileSystemCheckpointStorage, path: str) -> RestorePoint:
     """Read a checkpoint's ``_metadata`` (the chk directory or the file) into a RestorePoint.
 
     Raises:
@@ -67,12 +63,7 @@ def restore_point_from_metadata(storage: CheckpointStorage, path: str) -> Restor
         checkpoint_id, attempt = int(meta["checkpoint_id"]), int(meta["attempt"])
     except (KeyError, TypeError, ValueError) as err:
         raise CorruptSnapshotError(f"{path}: not a valid Sparkpoint checkpoint: {err}") from err
-    if isinstance(storage, FileSystemCheckpointStorage):  # a savepoint moved or copied here
-        fs = storage.fs
-        directory = fs._strip_protocol(path).rstrip("/")
-        if posixpath.basename(directory) == METADATA_FILE:
-            directory = posixpath.dirname(directory)
-        acks = relocated(acks, fs.unstrip_protocol(directory), fs.isfile)
+    acks = relocated_to(storage, path, acks)  # a savepoint moved or copied here
     return RestorePoint(checkpoint_id, attempt, tuple(acks), path)
 
 
@@ -174,7 +165,7 @@ def verify_restore_point(point: RestorePoint, storage: CheckpointStorage) -> Non
         ) from err
 
 
-def storage_for_checkpoint_path(path: str) -> CheckpointStorage:
+def storage_for_checkpoint_path(path: str) -> FileSystemCheckpointStorage:
     """A storage rooted where a checkpoint lives (``<base>/<job-id>/chk-<n>[/_metadata]``), so
     that its handles can be read by a job whose own checkpoint directory is elsewhere (or that
     keeps its checkpoints in memory). A path too short for that layout is rooted at its
