@@ -84,7 +84,7 @@ class ChaosRun:
     server: EmbeddedServer
     job_id: str = field(default_factory=lambda: f"chaos{uuid.uuid4().hex[:12]}")
     storage_mounted: bool = False
-    mode: str = "two processes"
+    mode: str = "two-processes"  # as SPARKPOINT_CHAOS_MODES names it
     faults: list[tuple[float, FaultResult]] = field(default_factory=list)
 
     @property
@@ -149,7 +149,7 @@ def chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChaosRun]:
     data = tmp_path / "data"
     data.mkdir()
     server = EmbeddedServer(data, api_process=request.param == "two-processes")
-    run = ChaosRun(tmp_path, server, mode=request.param.replace("-", " "))
+    run = ChaosRun(tmp_path, server, mode=request.param)
     run.storage_mounted = mount_tmpfs(run.checkpoints, size_mb=64)
     run.server.start()
     try:
@@ -191,11 +191,12 @@ def _left_in_storage(job_dir: Path) -> list[str]:
 
 def _write_report(run: ChaosRun, summary: dict[str, Any]) -> None:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    report = REPORT.with_name(f"{REPORT.stem}-{run.mode.replace(' ', '-')}{REPORT.suffix}")
+    report = REPORT.with_name(f"{REPORT.stem}-{run.mode}{REPORT.suffix}")
     ran = Counter(r.kind for _, r in run.faults if r.ran)
     skipped = Counter(r.kind for _, r in run.faults if not r.ran)
     lines = [
-        f"# Chaos run, server in {run.mode} (seed {SEED}, faults for {SECONDS:g} s)",
+        f"# Chaos run, server in {run.mode.replace('-', ' ')} "
+        f"(seed {SEED}, faults for {SECONDS:g} s)",
         "",
         "| fault | ran | skipped |",
         "|---|---|---|",

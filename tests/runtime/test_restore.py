@@ -97,18 +97,23 @@ def test_restore_from_checkpoint_path_in_a_new_driver_with_new_parallelism(
     assert set(hidden_files(out)) <= set(left_by_first)
 
 
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize(
+    ("backend", "metadata_dir"),
+    [("hashmap", True), ("rocksdb", False)],
+    ids=["hashmap-metadata-in-a-directory", "rocksdb-in-memory"],
+)
 def test_inline_jobmanager_storage_is_exactly_once(
-    spark: Any, tmp_path: Path, backend: str
+    spark: Any, tmp_path: Path, backend: str, metadata_dir: bool
 ) -> None:
-    """Checkpoints in memory (no directory): RocksDB's are canonical snapshots inline, as its
-    native files need a filesystem (Flink's RocksDB full snapshots into the JobManager)."""
+    """State inline in the metadata, written to a directory or kept in memory. RocksDB's
+    checkpoints are then canonical snapshots, as its native files need a filesystem (Flink's
+    RocksDB full snapshots into the JobManager)."""
     result, out = run_pv(
         spark,
         tmp_path,
         "inline",
         storage="jobmanager",
-        checkpoint_dir=False,
+        checkpoint_dir=metadata_dir,
         backend=(backend, False),
         failure=FailureInjection("keyed", subtask=0, records=100, at_epoch=2),
     )
