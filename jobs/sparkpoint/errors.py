@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def error_text(err: BaseException) -> str:
+    """``err``'s message on one line (whitespace runs made one space), or its class's name
+    when it has none."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
 class SparkpointError(Exception):
     """Root of every error the runtime raises on purpose."""
 

@@ -35,7 +35,12 @@ from typing import Any
 from sparkpoint.checkpointing.relocation import relocated_to
 from sparkpoint.checkpointing.storage import METADATA_FILE, SHARED_DIR, FileSystemCheckpointStorage
 from sparkpoint.checkpointing.storage_base import format_size
-from sparkpoint.errors import CheckpointNotFoundError, CorruptSnapshotError, SparkpointError
+from sparkpoint.errors import (
+    CheckpointNotFoundError,
+    CorruptSnapshotError,
+    SparkpointError,
+    error_text,
+)
 from sparkpoint.protocol import SnapshotCompleted, StateHandleModel
 from sparkpoint.savepoint_summary import (
     INLINE,
@@ -344,7 +349,7 @@ def main(argv: Sequence[str]) -> int:
             return 0
         result = dispose_savepoint(ns.path)
     except (SparkpointError, OSError) as err:
-        detail = " ".join(str(err).split()) or type(err).__name__
+        detail = error_text(err)
         print(f"sparkpoint savepoint {ns.tool}: {detail}", file=sys.stderr)
         return EXIT_REFUSED
     what = result.kind or "checkpoint"

@@ -68,6 +68,7 @@ from sparkpoint.errors import (
     CorruptSnapshotError,
     SparkpointError,
     StorageLocationError,
+    error_text,
 )
 from sparkpoint.options import JobOptions, parse_job_options
 
@@ -149,7 +150,7 @@ def checkpoint_ids(options: JobOptions, job_id: str) -> list[int]:
     except SparkpointError:
         raise
     except Exception as err:  # OSError locally; object stores raise their own errors too
-        detail = " ".join(str(err).split()) or type(err).__name__
+        detail = error_text(err)
         raise ConfigurationError(
             f"cannot read --checkpoint-dir {options.checkpoint_dir}: {type(err).__name__}: {detail}"
         ) from err

@@ -31,6 +31,7 @@ from sparkpoint.errors import (
     ConfigurationError,
     CorruptSnapshotError,
     StorageLocationError,
+    error_text,
 )
 from sparkpoint.protocol import SharedFileModel, StateHandleModel
 from sparkpoint.state.key_groups import KeyGroupRange
@@ -333,7 +334,7 @@ def probe_directory(fs: fsspec.AbstractFileSystem, path: str, option: str, url: 
         fs.pipe_file(probe, b"sparkpoint")
         fs.rm(probe)
     except Exception as err:  # OSError locally; object stores raise their own errors too
-        detail = " ".join(str(err).split()) or type(err).__name__
+        detail = error_text(err)
         if isinstance(err, OSError) and err.errno in _FULL:
             with contextlib.suppress(Exception):
                 fs.rm(probe)
