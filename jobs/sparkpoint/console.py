@@ -58,6 +58,9 @@ class Console:
         self.every = max(1, every)
         self.stream = stream if stream is not None else sys.stderr
         self.checkpoints = 0  # completed, counted for ``every``
+        # The attempt this driver first ran, when it took over a job that earlier drivers ran
+        # (a supervisor's new driver, a restart after the driver died): its counts start there.
+        self.took_over_at: int | None = None
 
     def line(
         self, event: str, message: str, *, level: str = "info", always: bool = False, **fields: Any
@@ -102,9 +105,12 @@ class Console:
     ) -> None:
         """How the job ended, with its summary (also when quiet)."""
         rate = records / duration_s if duration_s > 0 else 0.0
+        since = ""
+        if self.took_over_at is not None:
+            since = f" since this driver took over at attempt {self.took_over_at}"
         self.line(
             "job_ended",
-            f"{status}: {records:,} records in {duration_s:.1f} s ({rate:,.0f}/s), "
+            f"{status}: {records:,} records in {duration_s:.1f} s ({rate:,.0f}/s){since}, "
             f"{checkpoints} checkpoints completed, {restores} restores",
             level="info" if status == "FINISHED" else "error",
             always=True,
@@ -113,6 +119,7 @@ class Console:
             duration_s=round(duration_s, 3),
             checkpoints=checkpoints,
             restores=restores,
+            took_over_at=self.took_over_at,
         )
 
 
@@ -209,6 +216,8 @@ class ConsoleEventSink(EventSink):
     def _status(self, attempt: int, event: p.JobStatusChanged) -> None:
         c = self.console
         if event.status is p.JobStatus.RUNNING and self._running_attempt != attempt:
+            if self._running_attempt is None and attempt > 1:
+                c.took_over_at = attempt
             self._running_attempt = attempt
             app = event.spark_application_id or "?"
             ui = f", Spark UI {event.spark_ui_url}" if event.spark_ui_url else ""
