@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route, compile_path
 
@@ -45,11 +47,13 @@ def error_response(status_code: int, *messages: str, **headers: str) -> JSONResp
     return JSONResponse({"errors": list(messages)}, status_code=status_code, headers=headers)
 
 
-def validation_messages(errors: Sequence[Any]) -> list[str]:
+def validation_messages(errors: Sequence[Any], body_fields: Sequence[str] = ()) -> list[str]:
     """One ``"<field>: <what is wrong>"`` per pydantic/FastAPI validation error.
 
     The field is the error's location without its source (``body``, ``query``, ``path``,
-    ``header``); a problem with the whole body is reported as ``body``.
+    ``header``); a problem with the whole body is reported as ``body``. ``body_fields``: the
+    names a JSON body may have, listed after a name it may not (a misspelling says what
+    was meant).
     """
     messages = []
     for error in errors:
@@ -63,6 +67,9 @@ def validation_messages(errors: Sequence[Any]) -> list[str]:
         detail = (error.get("ctx") or {}).get("error")
         if error.get("type") == "json_invalid" and detail:
             message = f"{message} ({detail})"
+        top_level = len(loc) == 2 and loc[0] == "body"
+        if error.get("type") == "extra_forbidden" and body_fields and top_level:
+            message = f"{message}; the fields are {', '.join(body_fields)}"
         messages.append(f"{field}: {message}")
     return messages
 
@@ -75,7 +82,18 @@ async def _control_plane_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(400, *validation_messages(exc.errors()))
+    return error_response(400, *validation_messages(exc.errors(), _body_fields(request)))
+
+
+def _body_fields(request: Request) -> list[str]:
+    """The field names (as the JSON spells them) of the body model of the request's route
+    (also of an optional body), or none when it has no body model."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    annotation = getattr(getattr(body, "field_info", None), "annotation", None)
+    for model in (annotation, *typing.get_args(annotation)):
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return [info.alias or name for name, info in model.model_fields.items()]
+    return []
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -197,7 +197,7 @@ def test_tokens_created_by_an_admin_token_name_it(app_client: TestClient) -> Non
         ),
         (
             {"name": "x", "role": "viewer", "secret": "mine"},
-            "secret: Extra inputs are not permitted",
+            "secret: Extra inputs are not permitted; the fields are name, role, expires_in",
         ),
     ],
 )
