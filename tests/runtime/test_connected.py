@@ -260,7 +260,11 @@ def test_a_cancel_stops_the_job_without_committing_anything_further(
 
 
 def test_stop_with_savepoint_finishes_the_job_and_a_new_job_resumes_from_it(
-    spark: Any, tmp_path: Path, client: redis.Redis, streams: Streams
+    spark: Any,
+    tmp_path: Path,
+    client: redis.Redis,
+    streams: Streams,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     events = 12_000
     savepoint: list[int] = []
@@ -279,6 +283,8 @@ def test_stop_with_savepoint_finishes_the_job_and_a_new_job_resumes_from_it(
     assert stopped.kind is p.CheckpointKind.SAVEPOINT
     assert result.status is p.JobStatus.FINISHED and result.completed_checkpoints[-1] == sp
     assert not cp.of_type(p.EndOfInput)  # it stopped before its input ended
+    # The driver's console names the savepoint it stopped with (the control plane decided it).
+    assert f"savepoint {sp} completed" in capsys.readouterr().err
     positions = stopped.source_positions()
     assert sum(positions.values()) < events
     assert line_counts(str(out)) == lines_up_to(positions, events)

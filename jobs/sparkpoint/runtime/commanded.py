@@ -38,10 +38,12 @@ class QueuedBarrier:
 
 @dataclass(frozen=True)
 class Completion:
-    """What ``checkpoint_complete`` means here: the acks to commit, and whether the job ends."""
+    """What ``checkpoint_complete`` means here: the acks to commit, whether the job ends, and
+    what the barrier was (a checkpoint or a savepoint)."""
 
     acks: list[p.SnapshotCompleted]
     ends_job: bool
+    kind: p.CheckpointKind
 
 
 class CommandedCheckpoints:
@@ -121,7 +123,7 @@ class CommandedCheckpoints:
             if older < checkpoint_id and queued.barrier.kind is p.CheckpointKind.CHECKPOINT:
                 del self._held[older]
         ends = self._ending is not None and self._ending.checkpoint_id == checkpoint_id
-        return Completion(held[1], ends)
+        return Completion(held[1], ends, held[0].barrier.kind)
 
     def abort(self, checkpoint_id: int) -> None:
         """Forget an aborted checkpoint. An aborted final checkpoint is asked for again; an

@@ -331,7 +331,7 @@ class ControlPlaneAuthority(Authority):
         if completion is None:
             return  # a duplicate, or not this attempt's
         if job.console is not None:  # the control plane decided it: no event of ours says so
-            job.console.checkpoint_completed(checkpoint_id, "checkpoint", None, None)
+            job.console.checkpoint_completed(checkpoint_id, completion.kind.value, None, None)
         if job.options.crash_after_checkpoint == checkpoint_id:
             os.kill(os.getpid(), signal.SIGKILL)  # testing hook: a driver crash, for real
         try:
