@@ -60,6 +60,7 @@ COMMANDS = (
     "stop_with_savepoint",
     "restore",
     "cancel",
+    "dispose_savepoint",
     "update_checkpoint_config",
     "set_restart_strategy",
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import posixpath
 import sys
 from collections.abc import Sequence
@@ -252,18 +253,50 @@ def inspect_savepoint(path: str, sample: int = DEFAULT_SAMPLE) -> SavepointSumma
 # ----------------------------------------------------------------------------- dispose
 
 
-def dispose_savepoint(path: str) -> DisposeResult:
-    """Delete the savepoint or checkpoint directory at ``path``.
+@dataclass(frozen=True)
+class Disposal:
+    """A directory found fit to delete (steps 1 and 2 of :func:`dispose_savepoint`), not yet
+    deleted: the control plane checks it before it forgets the savepoint, then deletes it."""
 
-    Steps: (1) read ``_metadata`` (refused without a readable one), (2) list the directory's
-    files, refusing a directory that holds a ``shared/`` directory (a job's directory, not a
-    savepoint's), (3) delete ``_metadata`` first, so that an interrupted dispose never leaves
-    something that looks like a savepoint, (4) delete the rest of the directory. Files the
-    handles reference in the job's ``shared/`` directory lie outside it and are kept.
+    fs: Any
+    directory: str  # the filesystem's path of the directory
+    root: str  # its URL
+    found: dict[str, Any]  # its files, with their details
+    metadata: dict[str, Any]
+    acks: list[SnapshotCompleted]
+
+    @property
+    def checkpoint_id(self) -> int | None:
+        found = self.metadata.get("checkpoint_id")
+        return found if isinstance(found, int) else None
+
+    @property
+    def kind(self) -> str | None:
+        found = self.metadata.get("kind")
+        return found if isinstance(found, str) else None
+
+    def carry_out(self) -> DisposeResult:
+        """Steps 3 and 4 of :func:`dispose_savepoint`: ``_metadata`` first, then the rest."""
+        # Step 3
+        self.fs.rm(f"{self.directory}/{METADATA_FILE}")
+        # Step 4
+        self.fs.rm(self.directory, recursive=True)
+        shared = {ref.path for ack in self.acks for h in ack.handles for ref in h.shared}
+        return DisposeResult(
+            path=self.root,
+            checkpoint_id=self.checkpoint_id,
+            kind=self.kind,
+            files=len(self.found),
+            bytes=sum(int(info.get("size") or 0) for info in self.found.values()),
+            shared_kept=len(shared),
+        )
+
+
+def plan_disposal(path: str) -> Disposal:
+    """Steps 1 and 2 of :func:`dispose_savepoint`: what deleting ``path`` would delete.
 
     Raises:
-        SavepointDisposeError: no readable ``_metadata`` at ``path``, or a directory that is
-            or holds a ``shared/`` directory (the message names the path).
+        SavepointDisposeError: as :func:`dispose_savepoint`.
     """
     # Step 1
     try:
@@ -281,20 +314,23 @@ def dispose_savepoint(path: str) -> DisposeResult:
                 f"refusing to delete {root}: it is or holds a {SHARED_DIR}/ directory "
                 f"({relative}), a job's shared state, which no savepoint has"
             )
-    # Step 3
-    fs.rm(f"{directory}/{METADATA_FILE}")
-    # Step 4
-    fs.rm(directory, recursive=True)
-    shared = {ref.path for ack in acks for h in ack.handles for ref in h.shared}
-    checkpoint_id = metadata.get("checkpoint_id")
-    return DisposeResult(
-        path=root,
-        checkpoint_id=checkpoint_id if isinstance(checkpoint_id, int) else None,
-        kind=metadata.get("kind") if isinstance(metadata.get("kind"), str) else None,
-        files=len(found),
-        bytes=sum(int(info.get("size") or 0) for info in found.values()),
-        shared_kept=len(shared),
-    )
+    return Disposal(fs, directory, root, found, metadata, acks)
+
+
+def dispose_savepoint(path: str) -> DisposeResult:
+    """Delete the savepoint or checkpoint directory at ``path``.
+
+    Steps: (1) read ``_metadata`` (refused without a readable one), (2) list the directory's
+    files, refusing a directory that holds a ``shared/`` directory (a job's directory, not a
+    savepoint's), (3) delete ``_metadata`` first, so that an interrupted dispose never leaves
+    something that looks like a savepoint, (4) delete the rest of the directory. Files the
+    handles reference in the job's ``shared/`` directory lie outside it and are kept.
+
+    Raises:
+        SavepointDisposeError: no readable ``_metadata`` at ``path``, or a directory that is
+            or holds a ``shared/`` directory (the message names the path).
+    """
+    return plan_disposal(path).carry_out()
 
 
 class SavepointDisposeError(SparkpointError):
@@ -333,6 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
         "dispose", help="delete a savepoint or checkpoint directory (never the job's shared/)"
     )
     dispose.add_argument("path", help="the savepoint or checkpoint directory (path or URL)")
+    where = dispose.add_mutually_exclusive_group()
+    where.add_argument(
+        "--api",
+        help="dispose through this control plane (default: $SPARKPOINT_API_URL when set), "
+        "which also forgets it: no list offers it, no job restores it",
+    )
+    where.add_argument(
+        "--local",
+        action="store_true",
+        help="delete the directory from here, even with $SPARKPOINT_API_URL set (a control "
+        "plane that knew it goes on listing it)",
+    )
     return parser
 
 
@@ -347,17 +395,42 @@ def main(argv: Sequence[str]) -> int:
             else:
                 print(render_text(summary))
             return 0
-        result = dispose_savepoint(ns.path)
+        api = None if ns.local else ns.api or os.environ.get("SPARKPOINT_API_URL")
+        result = dispose_savepoint(ns.path) if api is None else _dispose_through(api, ns.path)
     except (SparkpointError, OSError) as err:
         detail = error_text(err)
         print(f"sparkpoint savepoint {ns.tool}: {detail}", file=sys.stderr)
         return EXIT_REFUSED
-    what = result.kind or "checkpoint"
-    print(
-        f"disposed {what} {result.checkpoint_id}: deleted {result.path} "
-        f"({result.files} files, {format_size(result.bytes)})"
-    )
+    what = f"disposed {result.kind or 'checkpoint'} {result.checkpoint_id}"
+    if result.files:
+        print(f"{what}: deleted {result.path} ({result.files} files, {format_size(result.bytes)})")
+    else:  # the control plane knew it, its files had gone another way
+        print(f"{what}: its files at {result.path} were already gone")
     if result.shared_kept:
         plural = "s" if result.shared_kept != 1 else ""
         print(f"kept {result.shared_kept} referenced shared file{plural} in the job's shared/")
+    if api is not None:
+        print(f"the control plane at {api.rstrip('/')} no longer lists or restores it")
     return 0
+
+
+def _dispose_through(api: str, path: str) -> DisposeResult:
+    """``POST /savepoint-disposal`` (the control plane checks, forgets and deletes)."""
+    from sparkpoint.rest_client import ControlPlaneClient, find_api_token
+
+    found = find_api_token()
+    client = ControlPlaneClient(api, found.token, timeout_s=60.0, unauthorized_hint=found.hint())
+    try:
+        # A local path as the server sees it (the CLI runs on its machine or shares the path).
+        target = path if "://" in path else os.path.abspath(path)
+        done = client.request("POST", "/savepoint-disposal", json={"savepoint-path": target})
+    finally:
+        client.close()
+    return DisposeResult(
+        path=done["path"],
+        checkpoint_id=done.get("checkpoint-id"),
+        kind=done.get("kind"),
+        files=int(done.get("files") or 0),
+        bytes=int(done.get("bytes") or 0),
+        shared_kept=int(done.get("shared-files-kept") or 0),
+    )

@@ -63,6 +63,8 @@ HISTORY = [
     checkpoint(6, status="FAILED"),
     checkpoint(5, discarded=True),
     checkpoint(4, is_savepoint=True, external_path=None),
+    # disposed of (POST /savepoint-disposal): its files are gone
+    checkpoint(3, is_savepoint=True, external_path="file:///sp/savepoint-3", discarded=True),
 ]
 
 CANDIDATES = {

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 
 from ..support.waiting import wait_for
 from .control_plane import ROOT, ServerProcess
@@ -112,3 +115,31 @@ def test_every_client_command_speaks_json_with_output_json(server: ServerProcess
     assert error["command"] == "restore" and "job no-such-job not found" in error["error"]
     tokens = _cli(server, "token", "list", "--output", "json")
     assert tokens.returncode == 0 and isinstance(json.loads(tokens.stdout)["tokens"], list)
+
+
+def test_dispose_goes_through_the_control_plane_when_one_is_set(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """With ``SPARKPOINT_API_URL`` set, ``savepoint dispose`` asks the control plane (which
+    deletes only under its storage roots); ``--local`` deletes from here."""
+    storage = FileSystemCheckpointStorage(str(server.data_dir / "savepoints"))
+    metadata = {"format": "sparkpoint-checkpoint/1", "checkpoint_id": 3, "acks": []}
+    path = storage.write_metadata("elsewhere", 3, {**metadata, "kind": "savepoint"})
+    done = _cli(server, "savepoint", "dispose", path)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert re.fullmatch(rf"disposed savepoint 3: deleted {path} \(1 files, \d+ bytes\)", first)
+    assert second == f"the control plane at {server.url} no longer lists or restores it"
+    assert not Path(path.removeprefix("file://")).exists()
+    again = _cli(server, "savepoint", "dispose", path)
+    assert again.returncode == 2
+    assert again.stderr.startswith(
+        "sparkpoint savepoint dispose: POST /savepoint-disposal: HTTP 404"
+    )
+    outside = tmp_path.parent / f"outside-{server.port}"
+    kept = FileSystemCheckpointStorage(str(outside)).write_metadata("x", 4, metadata)
+    refused = _cli(server, "savepoint", "dispose", kept)
+    assert refused.returncode == 2 and "is outside the storage roots" in refused.stderr
+    local = _cli(server, "savepoint", "dispose", "--local", kept)
+    assert local.returncode == 0 and "no longer lists" not in local.stdout, local.stderr
+    assert not Path(kept.removeprefix("file://")).exists()

@@ -122,6 +122,13 @@ def savepoint(tmp_path: Path) -> dict[str, Any]:
     }
 
 
+@pytest.fixture(autouse=True)
+def _no_control_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These commands run where the files are: a shell with ``make demo``'s exports would
+    send ``dispose`` to that control plane (tests/e2e/test_cli_client.py covers that)."""
+    monkeypatch.delenv("SPARKPOINT_API_URL", raising=False)
+
+
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = cli.main(args)
     out, err = capsys.readouterr()

@@ -65,6 +65,10 @@ class ControlPlaneCommands(Protocol):
         """Cancel the job; returns the request id."""
         ...
 
+    def dispose_savepoint(self, path: str) -> dict[str, Any]:
+        """Forget a savepoint and delete its files; returns what was deleted."""
+        ...
+
     def update_checkpoint_config(self, job_id: str, changes: dict[str, int]) -> dict[str, Any]:
         """Change runtime-mutable checkpoint settings (``interval_ms``...); returns them all."""
         ...

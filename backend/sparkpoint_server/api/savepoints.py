@@ -14,7 +14,13 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sparkpoint_server.api.deps import SessionsDep, SettingsDep, json_response, require_token
+from sparkpoint_server.api.deps import (
+    ControlPlaneDep,
+    SessionsDep,
+    SettingsDep,
+    json_response,
+    require_token,
+)
 from sparkpoint_server.api.responses import answer, errors
 from sparkpoint_server.api.schemas import JobId
 from sparkpoint_server.storage import savepoints as queries
@@ -112,3 +118,50 @@ def job_restores(
     with sessions() as session:
         found = queries.job_restores(session, job_id, limit or settings.default_history)
     return json_response(found)
+
+
+class DisposalRequest(BaseModel):
+    """``POST /savepoint-disposal`` (Flink's body)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    savepoint_path: str = Field(
+        alias="savepoint-path",
+        min_length=1,
+        max_length=4096,
+        description="The savepoint's directory (or its _metadata), a path or a URL.",
+    )
+
+
+class DisposedSavepoint(BaseModel):
+    """What a disposal deleted."""
+
+    model_config = _ANSWER
+
+    path: str = Field(description="The directory that was deleted.")
+    job_id: str | None = Field(alias="job-id", description="Its job; null: no job had it.")
+    checkpoint_id: int | None = Field(alias="checkpoint-id")
+    kind: str | None = Field(description="savepoint, or checkpoint (an ended job's).")
+    files: int
+    bytes: int
+    shared_files_kept: int = Field(
+        alias="shared-files-kept",
+        description="Files its handles reference in the job's shared/, which stay.",
+    )
+
+
+@router.post(
+    "/savepoint-disposal",
+    summary="Dispose of a savepoint",
+    description="Flink's `POST /savepoint-disposal`: deletes the savepoint's directory, under "
+    "the storage roots, and forgets it: `GET /savepoints` and the dashboard no longer offer "
+    "it, and a live job's completed-checkpoint store lets it go. Refused (409) while it is "
+    "a live job's newest restore point (a failover would restore it), pinned (a pending "
+    "restore, an uncommitted sink transaction), or a live job's regular checkpoint. An ended "
+    "job's checkpoint may be disposed of too. Unlike Flink, which answers a trigger id to "
+    "poll, it answers when the files are gone, with what was deleted.",
+    response_model=None,
+    responses={**answer(DisposedSavepoint), **errors(400, 404, 409, 422, 503)},
+)
+def dispose_savepoint(body: DisposalRequest, control_plane: ControlPlaneDep) -> JSONResponse:
+    return json_response(control_plane.dispose_savepoint(body.savepoint_path))

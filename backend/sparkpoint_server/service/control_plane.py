@@ -29,7 +29,6 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import redis
-from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -40,9 +39,9 @@ from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
 from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import JobRuntime
-from sparkpoint_server.errors import ConflictError, JobNotFoundError, StorageUnavailableError
+from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
-from sparkpoint_server.service import completions, senders, storage_io
+from sparkpoint_server.service import completions, disposal, senders, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
@@ -466,6 +465,10 @@ class ControlPlane:
         """Cancel the job; returns the request id."""
         return r.cancel(self, job_id)
 
+    def dispose_savepoint(self, path: str) -> dict[str, Any]:
+        """Forget a savepoint and delete its files (:mod:`~.disposal`); returns what went."""
+        return disposal.dispose_savepoint(self, path)
+
     def update_checkpoint_config(self, job_id: str, changes: dict[str, int]) -> dict[str, Any]:
         """Change interval, timeout, tolerable failures, min pause or retained count."""
         return r.update_checkpoint_config(self, job_id, changes)
@@ -475,24 +478,6 @@ class ControlPlane:
     ) -> dict[str, Any]:
         """Replace the job's restart strategy (Flink keys)."""
         return r.set_restart_strategy(self, job_id, conf)
-
-    # ------------------------------------------------------------------ lookups
-
-    def runtime(self, job_id: str) -> JobRuntime:
-        rt = self.jobs.get(job_id)
-        if rt is not None:
-            return rt
-        with self.sessions() as session:
-            status = session.execute(select(Job.status).where(Job.job_id == job_id)).scalar()
-        if status is None:
-            raise JobNotFoundError(job_id)
-        raise ConflictError(f"job {job_id} is {status}; the request needs a live job")
-
-    def active_runtime(self, job_id: str) -> JobRuntime:
-        rt = self.runtime(job_id)
-        if not rt.active:
-            raise ConflictError(f"job {job_id} is {rt.status.value}; the request needs a live job")
-        return rt
 
 
 __all__ = ["ControlPlane", "RejectedEventError"]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.registry import get_filesystem_class
+from sqlalchemy import select
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointFailureReason as Reason
@@ -34,12 +35,14 @@ from sparkpoint_server.errors import (
     ConflictError,
     CorruptCheckpointError,
     InvalidRequestError,
+    JobNotFoundError,
     StorageUnavailableError,
 )
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.storage_io import state_paths
+from sparkpoint_server.storage.models import Job
 
 if TYPE_CHECKING:
     from sparkpoint_server.service.control_plane import ControlPlane
@@ -66,6 +69,21 @@ def _new_operation(batch: Batch, rt: JobRuntime, kind: str, **params: Any) -> st
         params=params,
     )
     return request_id
+
+
+def active_runtime(plane: ControlPlane, job_id: str) -> JobRuntime:
+    """The runtime of a live job; else a 404 (unknown) or a 409 naming the job's status."""
+    rt = plane.jobs.get(job_id)
+    if rt is None:
+        with plane.sessions() as session:
+            status = session.execute(select(Job.status).where(Job.job_id == job_id)).scalar()
+        if status is None:
+            raise JobNotFoundError(job_id)
+    elif rt.active:
+        return rt
+    else:
+        status = rt.status.value
+    raise ConflictError(f"job {job_id} is {status}; the request needs a live job")
 
 
 def check_directory(field: str, value: str | None) -> str | None:
@@ -142,7 +160,7 @@ def trigger_savepoint(
     plane: ControlPlane, job_id: str, target_directory: str | None, cancel_job: bool
 ) -> str:
     check_directory("target-directory", target_directory)
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     target = check_target(plane, rt, "target-directory", target_directory)
     return _trigger(
         plane, job_id, p.CheckpointKind.SAVEPOINT, "savepoint", target, cancel_job=cancel_job
@@ -151,7 +169,7 @@ def trigger_savepoint(
 
 def stop_with_savepoint(plane: ControlPlane, job_id: str, target_directory: str | None) -> str:
     check_directory("target-directory", target_directory)
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     target = check_target(plane, rt, "target-directory", target_directory)
     return _trigger(plane, job_id, p.CheckpointKind.SAVEPOINT, "stop", target, stop=True)
 
@@ -166,7 +184,7 @@ def _trigger(
     cancel_job: bool = False,
     stop: bool = False,
 ) -> str:
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     if rt.status is not p.JobStatus.RUNNING:
         raise ConflictError(f"job {job_id} is {rt.status.value}; it must be RUNNING")
     with plane.unit() as batch:
@@ -204,7 +222,7 @@ def restore(
             "checkpoint_id, savepoint_path",
             "give exactly one of checkpoint_id or savepoint_path",
         )
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     # Step 1
     if checkpoint_id is not None:
         cp = rt.coordinator.store.get(checkpoint_id)
@@ -315,7 +333,7 @@ def _read_savepoint(plane: ControlPlane, rt: JobRuntime, path: str) -> Completed
 
 
 def cancel(plane: ControlPlane, job_id: str) -> str:
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     with plane.unit() as batch:
         batch.touched.add(job_id)
         request_id = _new_operation(batch, rt, "cancel")
@@ -336,7 +354,7 @@ def cancel(plane: ControlPlane, job_id: str) -> str:
 def update_checkpoint_config(
     plane: ControlPlane, job_id: str, changes: dict[str, int]
 ) -> dict[str, Any]:
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     with plane.unit() as batch:
         batch.touched.add(job_id)
         try:
@@ -354,7 +372,7 @@ def update_checkpoint_config(
 def set_restart_strategy(
     plane: ControlPlane, job_id: str, conf: dict[str, str | int | float]
 ) -> dict[str, Any]:
-    rt = plane.active_runtime(job_id)
+    rt = active_runtime(plane, job_id)
     enabled = rt.coordinator.config.interval_ms > 0
     try:
         strategy = restart_strategy_from_config(dict(conf), checkpointing_enabled=enabled)

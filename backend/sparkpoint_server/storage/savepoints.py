@@ -84,7 +84,12 @@ def savepoints(session: Session, job_id: str | None, limit: int) -> dict[str, An
         C.completion_timestamp,
         C.is_final,
         C.target_directory,
-    ).where(C.kind == "savepoint", C.status == "COMPLETED", C.external_path.is_not(None))
+    ).where(
+        C.kind == "savepoint",
+        C.status == "COMPLETED",
+        C.external_path.is_not(None),
+        C.discarded.is_(False),  # disposed of (POST /savepoint-disposal)
+    )
     if job_id is not None:
         require_job(session, job_id)
         query = query.where(C.job_id == job_id)

@@ -62,15 +62,13 @@ def ended_reason(state: str | None) -> str | None:
 def restore_candidates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """What can be restored, by dropdown value, newest first: the retained checkpoints
     (COMPLETED, not discarded) as ``"checkpoint:<id>"`` and the savepoints (COMPLETED, with
-    an ``external_path``) as ``"savepoint:<id>"``."""
+    an ``external_path``, not disposed of) as ``"savepoint:<id>"``."""
     out: dict[str, dict[str, Any]] = {}
     for cp in sorted(history or [], key=lambda c: -int(c.get("id") or 0)):
         if cp.get("status") != "COMPLETED":
             continue
         savepoint = bool(cp.get("is_savepoint"))
-        if savepoint and not cp.get("external_path"):
-            continue
-        if not savepoint and cp.get("discarded"):
+        if (savepoint and not cp.get("external_path")) or cp.get("discarded"):
             continue
         value = f"{'savepoint' if savepoint else 'checkpoint'}:{cp['id']}"
         out[value] = {

@@ -47,6 +47,10 @@ class RecordingControlPlane:
     def cancel(self, job_id: str) -> str:
         return self._record("cancel", job_id)
 
+    def dispose_savepoint(self, path: str) -> dict[str, Any]:
+        self._record("dispose_savepoint", path)
+        return {"path": path, "files": 1}
+
     def update_checkpoint_config(self, job_id: str, changes: dict[str, int]) -> dict[str, Any]:
         self._record("update_checkpoint_config", job_id, changes)
         return dict(changes)
@@ -466,3 +470,20 @@ def test_unknown_restart_strategy_keys_are_400_naming_them(api: TestClient) -> N
     assert response.status_code == 400
     [message] = response.json()["errors"]
     assert message.startswith("other, restart-strategy.bogus: unknown restart strategy option;")
+
+
+def test_a_savepoint_disposal_goes_to_the_control_plane_with_flinks_body(
+    api: TestClient, service: RecordingControlPlane
+) -> None:
+    body = {"savepoint-path": "file:///sp/savepoint-7"}
+    resp = api.post("/savepoint-disposal", json=body, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"path": "file:///sp/savepoint-7", "files": 1}
+    assert service.calls == [("dispose_savepoint", ("file:///sp/savepoint-7",))]
+    resp = api.post("/savepoint-disposal", json={"path": "/sp"}, headers=AUTH)
+    assert resp.status_code == 400
+    assert resp.json()["errors"] == [
+        "savepoint-path: Field required",
+        "path: Extra inputs are not permitted; the fields are savepoint-path",
+    ]
+    assert api.post("/savepoint-disposal", json=body).status_code == 401

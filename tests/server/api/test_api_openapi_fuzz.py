@@ -45,6 +45,7 @@ CHECKED_BY_THE_SERVER = [
     "/jobs/{job_id}/restore",
     "/jobs/{job_id}/restart-strategy",
     "/jobs/{job_id}/checkpoints/config",
+    "/savepoint-disposal",
 ]
 
 

@@ -1,0 +1,132 @@
+"""Disposing a savepoint through the control plane: it leaves the job's store and the lists,
+its files go, and what a live job still needs is refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from service_harness import Harness
+
+from sparkpoint import protocol as p
+from sparkpoint_server.errors import (
+    CheckpointNotFoundError,
+    ConflictError,
+    InvalidRequestError,
+)
+from sparkpoint_server.storage import savepoints as queries
+from sparkpoint_server.storage.models import Checkpoint, Operation
+
+
+def _savepoint(h: Harness, name: str) -> tuple[int, str]:
+    """A completed savepoint of the job under the server's savepoint directory: its id and
+    its location (a ``file://`` URL)."""
+    target = os.path.join(h.settings.savepoint_dir, name)
+    request = h.plane.trigger_savepoint(h.job_id, target, cancel_job=False)
+    [trigger] = [c for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
+    h.ack_all(1, trigger.checkpoint_id)
+    with h.sessions() as s:
+        op = s.get(Operation, request)
+        assert op is not None and op.status == "COMPLETED" and op.location is not None
+        return trigger.checkpoint_id, op.location
+
+
+def _checkpoint(h: Harness) -> int:
+    cid = h.trigger_periodic()
+    h.ack_all(1, cid)
+    h.commands()
+    return cid
+
+
+def _listed(h: Harness) -> list[int]:
+    with h.sessions() as s:
+        return [e["id"] for e in queries.savepoints(s, h.job_id, 100)["savepoints"]]
+
+
+def test_a_savepoint_older_than_the_latest_checkpoint_is_forgotten_and_deleted(
+    harness: Harness,
+) -> None:
+    harness.start(retained=1)
+    savepoint, location = _savepoint(harness, "sp")
+    directory = location.removeprefix("file://")
+    newer = _checkpoint(harness)
+    assert _listed(harness) == [savepoint]
+    # A path as a user types it: no scheme, a trailing slash.
+    done = harness.plane.dispose_savepoint(directory + "/")
+    assert done == {
+        "path": location,
+        "job-id": harness.job_id,
+        "checkpoint-id": savepoint,
+        "kind": "savepoint",
+        "files": 5,  # _metadata and the four subtasks' state files
+        "bytes": done["bytes"],
+        "shared-files-kept": 0,
+    }
+    assert done["bytes"] > 0 and not os.path.exists(directory)
+    assert _listed(harness) == []
+    rt = harness.plane.jobs[harness.job_id]
+    assert rt.coordinator.store.get(savepoint) is None
+    assert [cp.checkpoint_id for cp in rt.coordinator.store.all()] == [newer]
+    with harness.sessions() as s:
+        row = s.get(Checkpoint, (harness.job_id, savepoint))
+        assert row is not None and row.discarded
+    restarted = harness.new_control_plane().jobs[harness.job_id]  # rebuilt without it
+    assert [cp.checkpoint_id for cp in restarted.coordinator.store.all()] == [newer]
+    # A second disposal finds nothing there, and nothing that knows it.
+    gone = r"savepoint-path: no checkpoint at .*_metadata does not exist"
+    with pytest.raises(CheckpointNotFoundError, match=gone):
+        harness.plane.dispose_savepoint(location)
+
+
+def test_what_a_live_job_still_needs_is_refused_and_kept(harness: Harness) -> None:
+    harness.start(retained=1)
+    checkpoint = _checkpoint(harness)
+    savepoint, location = _savepoint(harness, "sp")
+    directory = location.removeprefix("file://")
+    # The newest entry of the store: a failover now would restore it.
+    with pytest.raises(ConflictError, match=rf"savepoint {savepoint} .* newest restore point"):
+        harness.plane.dispose_savepoint(location)
+    # A live job's regular checkpoint is the job's to delete.
+    store = harness.plane.jobs[harness.job_id].coordinator.store
+    retained = store.get(checkpoint)
+    assert retained is not None and retained.external_path is not None
+    chk = retained.external_path.removeprefix("file://")
+    with pytest.raises(ConflictError, match=rf"checkpoint {checkpoint} .* retained by the job"):
+        harness.plane.dispose_savepoint(chk)
+    assert os.path.isfile(os.path.join(directory, "_metadata"))
+    assert os.path.isfile(os.path.join(chk, "_metadata"))
+    assert _listed(harness) == [savepoint]
+    assert store.get(savepoint) is not None and store.get(checkpoint) is not None
+    # Once a later checkpoint completed, it may go.
+    _checkpoint(harness)
+    assert harness.plane.dispose_savepoint(location)["checkpoint-id"] == savepoint
+
+
+def test_an_ended_jobs_savepoint_may_go_and_paths_outside_the_roots_may_not(
+    harness: Harness, tmp_path: os.PathLike[str]
+) -> None:
+    harness.start(retained=1)
+    savepoint, location = _savepoint(harness, "sp")
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    assert harness.plane.dispose_savepoint(location)["checkpoint-id"] == savepoint
+    outside = os.path.join(str(tmp_path), "elsewhere")
+    os.makedirs(outside)
+    with pytest.raises(InvalidRequestError, match=r"savepoint-path: .* outside the storage roots"):
+        harness.plane.dispose_savepoint(outside)
+    with pytest.raises(InvalidRequestError, match=r"savepoint-path: .* must not contain '\.\.'"):
+        harness.plane.dispose_savepoint(f"{harness.settings.savepoint_dir}/../x")
+    assert os.path.isdir(outside)
+
+
+def test_a_known_savepoint_whose_files_went_another_way_is_forgotten(harness: Harness) -> None:
+    harness.start(retained=1)
+    savepoint, location = _savepoint(harness, "sp")
+    _checkpoint(harness)
+    shutil.rmtree(location.removeprefix("file://"))  # `sparkpoint savepoint dispose --local`
+    assert _listed(harness) == [savepoint]
+    done = harness.plane.dispose_savepoint(location)
+    assert (done["checkpoint-id"], done["files"], done["bytes"]) == (savepoint, 0, 0)
+    assert _listed(harness) == []
+    assert harness.plane.jobs[harness.job_id].coordinator.store.get(savepoint) is None
