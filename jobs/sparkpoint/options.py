@@ -143,10 +143,11 @@ def parse_job_options(
 
     args = list(sys.argv[1:] if argv is None else argv)
     parser = product_parser()
+    parser.exit_on_error = False
     try:
         ns, rest = parser.parse_known_args(args)
-    except SystemExit as err:  # argparse exits on bad values; turn that into our error
-        raise ConfigurationError(f"invalid option in {' '.join(args)!r}") from err
+    except argparse.ArgumentError as err:  # a bad value: argparse's own words, one line
+        raise ConfigurationError(str(err)) from None
     if job_options is not None:
         check_unknown_options(rest, _flags(parser), job_options)
     if ns.job_id is not None:
@@ -170,6 +171,12 @@ def parse_job_options(
         )
     if ns.fail_after is not None and ns.fail_after < 0:
         raise ConfigurationError(f"--fail-after must be >= 0 records, got {ns.fail_after}")
+    if ns.retained < 1:
+        raise ConfigurationError(f"--retained must be >= 1 checkpoints, got {ns.retained}")
+    if ns.tolerable_failures < 0:
+        raise ConfigurationError(
+            f"--tolerable-failures must be >= 0 checkpoints, got {ns.tolerable_failures}"
+        )
     storage = ns.checkpoint_storage or ("filesystem" if ns.checkpoint_dir else "jobmanager")
     if storage == "filesystem" and not ns.checkpoint_dir:
         raise ConfigurationError("--checkpoint-storage filesystem needs --checkpoint-dir URL")
