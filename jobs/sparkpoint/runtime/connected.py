@@ -42,6 +42,7 @@ from sparkpoint.runtime.recovery import (
     restore_point_from_metadata,
     storage_for_checkpoint_path,
 )
+from sparkpoint.runtime.silence import Silence
 from sparkpoint.runtime.spark import SparkLostError
 from sparkpoint.transport import ReceivedMessage
 
@@ -110,6 +111,7 @@ class ControlPlaneAuthority(Authority):
         self._awaiting_decision = False  # after task_failed: until restore or cancel
         self._region: tuple[Region, int] | None = None  # a region failure reported, its epoch
         self._reader = EpochCommandReader(link.channel, self._obey_while_running)
+        self._silence = Silence(job)
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self) -> None:
@@ -173,12 +175,14 @@ class ControlPlaneAuthority(Authority):
         channel = self.link.channel
         runner = self._reader.around(runner)
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
+        self._silence = Silence(self.job)  # counts from here: Spark's start is not silence
         self._spark_ready = True
         if self.job.status is p.JobStatus.CREATED and self._end is None:
             self.job.set_status(p.JobStatus.RUNNING)
         try:
             while True:
                 self._obey(self._reader.held() + channel.read())
+                self._silence.check()
                 if self._cancel_if_requested():
                     self._finish()
                     return
@@ -298,6 +302,7 @@ class ControlPlaneAuthority(Authority):
         job = self.job
         if envelope.job_id != job.job_id:
             return
+        self._silence.heard(command)
         if isinstance(command, p.RestoreJob):
             self._on_restore(command)
         elif envelope.attempt < job.attempt:
