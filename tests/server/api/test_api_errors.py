@@ -178,6 +178,7 @@ def test_the_openapi_document_lists_every_route(client: TestClient) -> None:
         "/jobs/{job_id}/checkpoints/operators",
         "/jobs/{job_id}/restores",
         "/savepoints",
+        "/savepoint-disposal",
     }
     assert all(
         op.get("summary") and op.get("description")
