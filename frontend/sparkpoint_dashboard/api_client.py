@@ -139,6 +139,9 @@ class ApiClient:
         body = {"target-directory": target} if target else {}
         return self.call("POST", f"{_job(job_id)}/savepoints", token, json=body)
 
+    def dispose_savepoint(self, location: str, token: str) -> Any:
+        return self.call("POST", "/savepoint-disposal", token, json={"savepoint-path": location})
+
     def stop_with_savepoint(self, job_id: str, target: str | None, token: str) -> Any:
         body = {"targetDirectory": target} if target else {}
         return self.call("POST", f"{_job(job_id)}/stop", token, json=body)

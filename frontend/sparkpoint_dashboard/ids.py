@@ -107,6 +107,11 @@ ACT_RESTORE_NOTE = "action-restore-note"  # the chosen restore point went: what 
 # Savepoints page
 SP_GRID = "savepoints-grid"
 SP_MESSAGE = "savepoints-message"
+SP_DISPOSE_SELECT = "savepoints-dispose-select"  # which savepoint to dispose of (its location)
+SP_DISPOSE = "savepoints-dispose"
+SP_DISPOSE_CONFIRM = "savepoints-dispose-confirm"
+SP_DISPOSE_PENDING = "savepoints-dispose-pending"  # dcc.Store: the location asked about
+SP_DISPOSE_FEEDBACK = "savepoints-dispose-feedback"
 
 # Operators (/jobs/{id}/operators): each operator's checkpoints over time
 OT_METRICS_CHART = "operators-metrics-chart"

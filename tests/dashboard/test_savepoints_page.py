@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkpoint_dashboard.app import page_title, render_page
+from sparkpoint_dashboard.components import disposal
 from sparkpoint_dashboard.pages import savepoints as page
 from sparkpoint_dashboard.routing import Page, parse
 from sparkpoint_dashboard.units import fmt_time
@@ -90,3 +91,23 @@ def test_the_page_has_its_route_title_and_layout() -> None:
     assert parse("/savepoints").page is Page.SAVEPOINTS
     assert page_title("/savepoints") == "Savepoints · Sparkpoint"
     assert "savepoints-grid" in str(render_page("/savepoints"))
+
+
+def test_the_dispose_choices_are_the_listed_savepoints_by_location() -> None:
+    other = entry(**{"job-id": "job-2", "id": 9, "location": None})  # no location: not offered
+    assert disposal.dispose_options([entry(), other]) == [
+        {"label": f"#4 of job-1 · {fmt_time(T0 + 300)} UTC · 4.0 KiB", "value": SP}
+    ]
+    assert disposal.confirm_text("#4 of job-1", SP) == (
+        f"Dispose of savepoint #4 of job-1? Its directory {SP} is deleted, and no job can "
+        "restore it any more. This cannot be undone."
+    )
+
+
+def test_a_disposal_says_what_it_deleted_or_that_it_was_gone() -> None:
+    done = {"path": SP, "checkpoint-id": 4, "kind": "savepoint", "files": 5, "bytes": 4096}
+    assert disposal.outcome(done) == f"Disposed of savepoint 4: deleted {SP} (5 files, 4.0 KiB)."
+    assert disposal.outcome({**done, "files": 0, "bytes": 0}) == (
+        f"Disposed of savepoint 4: its files at {SP} were already gone."
+    )
+    assert "savepoints-dispose-select" in str(render_page("/savepoints"))

@@ -14,6 +14,7 @@ from dash import Dash, Input, Output, State, html, no_update
 
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient, ApiRequestError, ApiUnreachableError
+from sparkpoint_dashboard.components import disposal
 from sparkpoint_dashboard.components.widgets import (
     grid,
     link_cell,
@@ -144,29 +145,39 @@ def layout(route: Route) -> html.Div:
                 grid(ids.SP_GRID, COLUMNS),
                 help_text="Completed savepoints, newest first: where each is, its size, its "
                 "job and when it was taken, and the restores that used it (a savepoint "
-                "restored into another job shows that job). Nothing deletes a savepoint: "
-                "remove its directory once no job needs it.",
+                "restored into another job shows that job). Nothing deletes a savepoint by "
+                "itself: dispose of one below (or `sparkpoint savepoint dispose PATH`) once "
+                "no job needs it; its directory is deleted and the control plane forgets it. "
+                "A running job's newest restore point is refused until a later checkpoint "
+                "completes.",
             ),
+            section("Dispose of a savepoint", disposal.controls()),
             route_store(route),
         ]
     )
 
 
 def register(app: Dash, client: ApiClient) -> None:
+    disposal.register(app, client)
+
     @app.callback(
         Output(ids.SP_GRID, "rowData"),
         Output(ids.SP_MESSAGE, "children"),
+        Output(ids.SP_DISPOSE_SELECT, "options"),
         Input(ids.REFRESH, "n_intervals"),
         Input(ids.ROUTE, "data"),
         State(ids.TOKEN_INPUT, "value"),
     )
     def _refresh(_n: int | None, route: dict[str, Any] | None, token: str | None) -> Any:
         if not route or route.get("page") != "savepoints":
-            return no_update, no_update
+            return no_update, no_update, no_update
         try:
             answer = client.call("GET", "/savepoints", token, params={"limit": LIMIT})
         except ApiUnreachableError:
-            return no_update, no_update
+            return no_update, no_update, no_update
         except ApiRequestError as err:
-            return no_update, message(f"The control plane refused the list: {err.message}")
-        return savepoints_view(answer if isinstance(answer, dict) else {})
+            refused = message(f"The control plane refused the list: {err.message}")
+            return no_update, refused, no_update
+        listed = answer if isinstance(answer, dict) else {}
+        rows, note = savepoints_view(listed)
+        return rows, note, disposal.dispose_options(listed.get("savepoints") or [])

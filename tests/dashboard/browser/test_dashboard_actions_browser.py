@@ -1,10 +1,11 @@
 """The dashboard's actions in headless Chromium against a real control plane and a real PV
 job.
 
-One job serves every test, in this order: a savepoint triggered from the page completes, an
-invalid restart strategy is refused without a change, the restore choice stays while the
-retained set changes (and says when it goes), and last a restore to a retained checkpoint
-(it starts a new attempt, so it comes after the tests that read attempt 1).
+One job serves every test, in this order: a savepoint triggered from the page completes
+(and is then disposed of from the savepoints page), an invalid restart strategy is refused
+without a change, the restore choice stays while the retained set changes (and says when it
+goes), and last a restore to a retained checkpoint (it starts a new attempt, so it comes
+after the tests that read attempt 1).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from sparkpoint_dashboard import ids
+from sparkpoint_dashboard.routing import savepoints_path
 from tests.e2e.control_plane import TOKEN
 from tests.support.waiting import wait_for
 
@@ -158,6 +160,41 @@ def test_a_savepoint_triggered_from_the_page_completes(
     assert (Path(location.removeprefix("file://")) / "_metadata").is_file()
     assert f"savepoint {latest['id']} completed at {location}" in entry
     assert_screenshot(page.screenshot("job-operations"))
+
+
+def test_the_savepoint_is_disposed_of_from_the_savepoints_page(
+    page: DashboardPage, job: Job, api: httpx.Client
+) -> None:
+    """The previous test's savepoint: later checkpoints completed since, so the job no
+    longer needs it; its directory goes and no list offers it any more."""
+    latest = checkpoints_answer(api, job)["latest"]["savepoint"]
+    assert latest is not None
+    location, number = latest["external_path"], latest["id"]
+    wait_for(
+        "a checkpoint after the savepoint",
+        lambda: checkpoints_answer(api, job)["latest"]["completed"]["id"] > number,
+        timeout_s=60,
+    )
+    page.open(savepoints_path(), ids.SP_GRID, ids.SP_DISPOSE)
+    ensure_token(page)
+    page.choose(ids.SP_DISPOSE_SELECT, location)
+    page.by_id(ids.SP_DISPOSE).click()
+    text = page.confirm()
+    assert text.startswith(f"Dispose of savepoint #{number} of {job.id}? Its directory {location}")
+    said = page.wait(
+        "the disposal's outcome",
+        lambda: (t := page.text(ids.SP_DISPOSE_FEEDBACK)).startswith("Disposed of") and t,
+        timeout_s=30,
+    )
+    assert said.startswith(f"Disposed of savepoint {number}: deleted {location} (")
+    assert not Path(location.removeprefix("file://")).exists()
+    listed = api.get("/savepoints", params={"job": job.id}).json()["savepoints"]
+    assert number not in [s["id"] for s in listed]
+    page.wait(
+        "the list without it",
+        lambda: f"{job.id}:{number}" not in [r.get("id") for r in page.grid_data(ids.SP_GRID)],
+    )
+    page.screenshot("savepoint-disposed")
 
 
 def test_an_invalid_restart_strategy_is_refused_and_changes_nothing(
