@@ -21,7 +21,7 @@ from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient, ApiRequestError, ApiUnreachableError
 from sparkpoint_dashboard.components import operations as ops
 from sparkpoint_dashboard.components.operations import NO_TOKEN
-from sparkpoint_dashboard.components.widgets import fetch, message
+from sparkpoint_dashboard.components.widgets import choice_group, fetch, message
 from sparkpoint_dashboard.routing import Route
 from sparkpoint_dashboard.units import fmt_age, fmt_bytes, fmt_time
 
@@ -291,19 +291,10 @@ def panel(route: Route) -> html.Div:
                         ],
                         className="control-group",
                     ),
-                    html.Div(
-                        [
-                            dcc.Dropdown(
-                                id=ids.ACT_RESTORE_SELECT,
-                                options=[],
-                                placeholder="checkpoint or savepoint to restore",
-                                searchable=False,
-                                clearable=True,
-                                className="restore-select",
-                            ),
-                            html.Button("Restore", id=ids.ACT_RESTORE),
-                        ],
-                        className="control-group",
+                    choice_group(
+                        ids.ACT_RESTORE_SELECT,
+                        "checkpoint or savepoint to restore",
+                        html.Button("Restore", id=ids.ACT_RESTORE),
                     ),
                     html.Button("Cancel job", id=ids.ACT_CANCEL, className="danger"),
                 ],

@@ -15,7 +15,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient, ApiRequestError, ApiUnreachableError
 from sparkpoint_dashboard.components.operations import NO_TOKEN
-from sparkpoint_dashboard.components.widgets import message
+from sparkpoint_dashboard.components.widgets import choice_group, message
 from sparkpoint_dashboard.units import fmt_bytes, fmt_time
 
 NO_CHOICE = "Choose a savepoint to dispose of first."
@@ -55,23 +55,11 @@ def outcome(answer: dict[str, Any]) -> str:
 
 
 def controls() -> html.Div:
+    button = html.Button("Dispose of", id=ids.SP_DISPOSE, className="danger")
     return html.Div(
         [
             html.Div(
-                html.Div(
-                    [
-                        dcc.Dropdown(
-                            id=ids.SP_DISPOSE_SELECT,
-                            options=[],
-                            placeholder="savepoint to dispose of",
-                            searchable=False,
-                            clearable=True,
-                            className="restore-select",
-                        ),
-                        html.Button("Dispose of", id=ids.SP_DISPOSE, className="danger"),
-                    ],
-                    className="control-group",
-                ),
+                choice_group(ids.SP_DISPOSE_SELECT, "savepoint to dispose of", button),
                 className="controls",
             ),
             html.Div(id=ids.SP_DISPOSE_FEEDBACK, className="action-feedback"),

@@ -50,6 +50,20 @@ def section(title: str, *children: Any, help_text: Any = None, **props: Any) -> 
     return html.Section([*head, *children], className="card", **props)
 
 
+def choice_group(select_id: str, placeholder: str, button: html.Button) -> html.Div:
+    """A dropdown of choices (a callback fills it) and the button that acts on the one
+    chosen (restore it, dispose of it)."""
+    select = dcc.Dropdown(
+        id=select_id,
+        options=[],
+        placeholder=placeholder,
+        searchable=False,
+        clearable=True,
+        className="restore-select",
+    )
+    return html.Div([select, button], className="control-group")
+
+
 def message(text: str | None, kind: str = "error") -> html.Div | None:
     """An inline notice (``error``, ``info`` or ``ok``); nothing when ``text`` is empty."""
     if not text:
