@@ -58,8 +58,9 @@ class Console:
         self.every = max(1, every)
         self.stream = stream if stream is not None else sys.stderr
         self.checkpoints = 0  # completed, counted for ``every``
-        # The attempt this driver first ran, when it took over a job that earlier drivers ran
-        # (a supervisor's new driver, a restart after the driver died): its counts start there.
+        # The attempt this driver started in, when it took over a job that earlier drivers
+        # ran (the supervisor's next driver after one died): its counts start there. The
+        # connected authority sets it from the first restore it obeys.
         self.took_over_at: int | None = None
 
     def line(
@@ -216,8 +217,6 @@ class ConsoleEventSink(EventSink):
     def _status(self, attempt: int, event: p.JobStatusChanged) -> None:
         c = self.console
         if event.status is p.JobStatus.RUNNING and self._running_attempt != attempt:
-            if self._running_attempt is None and attempt > 1:
-                c.took_over_at = attempt
             self._running_attempt = attempt
             app = event.spark_application_id or "?"
             ui = f", Spark UI {event.spark_ui_url}" if event.spark_ui_url else ""

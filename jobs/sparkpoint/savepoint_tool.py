@@ -25,6 +25,7 @@ deletes them when no checkpoint does).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import posixpath
@@ -275,12 +276,20 @@ class Disposal:
         found = self.metadata.get("kind")
         return found if isinstance(found, str) else None
 
+    @property
+    def job_id(self) -> str | None:
+        found = self.metadata.get("job_id")
+        return found if isinstance(found, str) else None
+
     def carry_out(self) -> DisposeResult:
-        """Steps 3 and 4 of :func:`dispose_savepoint`: ``_metadata`` first, then the rest."""
+        """Steps 3 and 4 of :func:`dispose_savepoint`: ``_metadata`` first, then the rest
+        (what is already gone, another disposal's doing, is no error)."""
         # Step 3
-        self.fs.rm(f"{self.directory}/{METADATA_FILE}")
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(f"{self.directory}/{METADATA_FILE}")
         # Step 4
-        self.fs.rm(self.directory, recursive=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.directory, recursive=True)
         shared = {ref.path for ack in self.acks for h in ack.handles for ref in h.shared}
         return DisposeResult(
             path=self.root,

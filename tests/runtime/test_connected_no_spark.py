@@ -184,3 +184,29 @@ def test_only_the_barrier_events_of_subtasks_that_acknowledged_are_left_to_their
         failed,
     ]
     assert unacknowledged(events, []) == events
+
+
+@pytest.mark.parametrize(("attempt", "took_over_at"), [(3, 3), (1, None)])
+def test_a_driver_whose_first_restore_is_a_later_attempt_took_over_the_job(
+    client: redis.Redis, streams: Streams, tmp_path: Path, attempt: int, took_over_at: int | None
+) -> None:
+    """The supervisor's next driver (the one before died) gets attempt 3 first: its console's
+    end line counts from there. A first driver gets attempt 1."""
+    driver = _driver(streams, tmp_path)
+    waiting = threading.Thread(target=driver.authority.prepare)
+    waiting.start()
+    wait_for(
+        "the registration",
+        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
+        20,
+        every_s=0.02,
+    )
+    job_id = driver.options.job_id
+    send_command(
+        client, streams, job_id, attempt, 0, p.RestoreJob(new_attempt=attempt), signer=SIGNER
+    )
+    waiting.join(timeout=20)
+    assert not waiting.is_alive()
+    driver.authority.close()
+    assert driver.job.attempt == attempt
+    assert driver.console.took_over_at == took_over_at

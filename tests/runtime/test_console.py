@@ -68,24 +68,24 @@ def test_text_lines_for_a_failure_and_a_restore_and_every_nth_checkpoint() -> No
 
 
 def test_a_driver_that_took_over_a_running_job_says_its_counts_start_there() -> None:
-    """A new driver (the one before it died) restores at attempt 3: its records, checkpoints
-    and restores are its own, not the job's, and the end line says so; one that ran the job
-    from attempt 1 and restarted it itself does not."""
+    """The connected authority sets ``took_over_at`` from the first restore it obeys
+    (tests/runtime/test_connected_no_spark.py): its records, checkpoints and restores are
+    this driver's, not the job's, and the end line says so; JSON says it in a field."""
     sink, out = _sink()
+    sink.console.took_over_at = 3
     _publish(sink, 3, p.JobRestored(checkpoint_id=27, external_path="file:///c/chk-27"))
-    _publish(sink, 3, p.JobStatusChanged(status=p.JobStatus.RUNNING, spark_application_id="a"))
-    _publish(sink, 4, p.JobStatusChanged(status=p.JobStatus.RUNNING, spark_application_id="a"))
     sink.console.ended("FINISHED", 270_170, 23.3, 14, 1)
     assert out.getvalue().splitlines()[-1] == (
         "sparkpoint job-1: FINISHED: 270,170 records in 23.3 s (11,595/s) since this driver "
         "took over at attempt 3, 14 checkpoints completed, 1 restores"
     )
     sink, out = _sink(log_format="json")
-    _publish(sink, 1, p.JobStatusChanged(status=p.JobStatus.RUNNING, spark_application_id="a"))
-    _publish(sink, 2, p.JobStatusChanged(status=p.JobStatus.RUNNING, spark_application_id="a"))
     sink.console.ended("FINISHED", 10, 1.0, 1, 1)
-    end = json.loads(out.getvalue().splitlines()[-1])
-    assert "took_over_at" not in end and "took over" not in end["message"]
+    sink.console.took_over_at = 2
+    sink.console.ended("FINISHED", 10, 1.0, 1, 1)
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert "took_over_at" not in first and "took over" not in first["message"]
+    assert second["took_over_at"] == 2
 
 
 def test_quiet_keeps_failures_restores_and_the_end_only() -> None:

@@ -95,3 +95,19 @@ def test_a_job_without_periodic_checkpoints_expects_no_command(tmp_path: Path) -
     clock.advance(3_600_000)
     silence.check()
     assert out.getvalue() == ""
+
+
+def test_the_wait_for_a_restart_decision_is_no_silence(tmp_path: Path) -> None:
+    """After a failure the control plane sends nothing until the restart strategy's delay
+    ends (exponential-delay reaches a minute): that wait is not counted."""
+    job, clock, out = _job(tmp_path, interval_ms=1_000)
+    silence = Silence(job)
+    for _ in range(12):  # two minutes, waiting for the decision
+        clock.advance(10_000)
+        silence.check(paused=True)
+    clock.advance(29_000)
+    silence.check()
+    assert out.getvalue() == ""
+    clock.advance(1_000)
+    silence.check()
+    assert "no command from the control plane for 30 s" in out.getvalue()

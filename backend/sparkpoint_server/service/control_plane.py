@@ -93,6 +93,8 @@ class ControlPlane:
         self.storage_timeout_s = settings.storage_timeout
         self.roots = StorageRoots(str(settings.data_dir), parse_roots(settings.storage_roots))
         self.disposer = Disposer(self.storage_timeout_s)
+        # Savepoints being disposed of (service.disposal): no restore by path reads them.
+        self.disposing: set[storage_io.Location] = set()
         # Every event is verified with its job's key and every command signed with it
         # (sparkpoint.signing); the secret they derive from stays in the data directory.
         # A job's key is derived once (two HMACs), not for every event verified and command

@@ -284,6 +284,14 @@ class StorageRoots:
         return None
 
 
+def located(url: str) -> Location | None:
+    """:meth:`Location.of`, or None for a URL no filesystem has (a NUL byte)."""
+    try:
+        return Location.of(url)
+    except ValueError:
+        return None
+
+
 def _location(url: str) -> Location:
     """:meth:`Location.of`, or a location under no root (a NUL byte)."""
     try:

@@ -175,14 +175,15 @@ class ControlPlaneAuthority(Authority):
         channel = self.link.channel
         runner = self._reader.around(runner)
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
-        self._silence = Silence(self.job)  # counts from here: Spark's start is not silence
+        self._silence.last_ms = self.job.clock.monotonic_ms()  # Spark's start is no silence
         self._spark_ready = True
         if self.job.status is p.JobStatus.CREATED and self._end is None:
             self.job.set_status(p.JobStatus.RUNNING)
         try:
             while True:
                 self._obey(self._reader.held() + channel.read())
-                self._silence.check()
+                # A decided restart waits its delay with no command: that is no silence.
+                self._silence.check(paused=self._awaiting_decision)
                 if self._cancel_if_requested():
                     self._finish()
                     return
@@ -384,6 +385,8 @@ class ControlPlaneAuthority(Authority):
         if self._started and command.new_attempt <= job.attempt:
             return
         # Step 2
+        if not self._started and command.new_attempt > 1 and job.console is not None:
+            job.console.took_over_at = command.new_attempt  # earlier drivers ran the job
         self._started = True
         previous, job.attempt = job.attempt, command.new_attempt
         region, self._region = self._region, None

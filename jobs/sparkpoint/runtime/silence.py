@@ -63,8 +63,13 @@ class Silence:
             return None
         return max(INTERVALS * (interval + self.settings["min_pause_ms"]), AT_LEAST_MS)
 
-    def check(self) -> None:
-        """Say so, once, when the job has heard no command for too long."""
+    def check(self, paused: bool = False) -> None:
+        """Say so, once, when the job has heard no command for too long. ``paused``: the job
+        waits for the control plane's decision after a failure, which comes after the
+        restart strategy's delay (minutes, maybe): the wait counts from its end."""
+        if paused:
+            self.last_ms = self.job.clock.monotonic_ms()
+            return
         quiet = self.quiet_ms()
         if self.said or quiet is None or self.job.console is None:
             return

@@ -15,6 +15,7 @@ from sparkpoint_server.errors import (
     ConflictError,
     InvalidRequestError,
 )
+from sparkpoint_server.service.storage_io import Location
 from sparkpoint_server.storage import savepoints as queries
 from sparkpoint_server.storage.models import Checkpoint, Operation
 
@@ -130,3 +131,48 @@ def test_a_known_savepoint_whose_files_went_another_way_is_forgotten(harness: Ha
     assert (done["checkpoint-id"], done["files"], done["bytes"]) == (savepoint, 0, 0)
     assert _listed(harness) == []
     assert harness.plane.jobs[harness.job_id].coordinator.store.get(savepoint) is None
+
+
+def test_another_spelling_of_the_path_is_no_way_around_the_refusals(harness: Harness) -> None:
+    """Its ``_metadata``, or a link to its directory: the job and id its ``_metadata`` names
+    are checked in the job's store all the same."""
+    harness.start(retained=1)
+    _checkpoint(harness)
+    savepoint, location = _savepoint(harness, "sp")
+    directory = location.removeprefix("file://")
+    link = os.path.join(harness.settings.savepoint_dir, "link")
+    os.symlink(directory, link)
+    for spelling in (f"{directory}/_metadata", f"{location}/_metadata/", link):
+        with pytest.raises(ConflictError, match="newest restore point"):
+            harness.plane.dispose_savepoint(spelling)
+    assert os.path.isfile(os.path.join(directory, "_metadata"))
+    assert _listed(harness) == [savepoint]
+
+
+def test_a_copy_elsewhere_goes_and_the_jobs_own_savepoint_stays(harness: Harness) -> None:
+    harness.start(retained=1)
+    savepoint, location = _savepoint(harness, "sp")
+    _checkpoint(harness)
+    copy = os.path.join(harness.settings.savepoint_dir, "copy")
+    shutil.copytree(location.removeprefix("file://"), copy)
+    done = harness.plane.dispose_savepoint(copy)
+    assert (done["job-id"], done["checkpoint-id"], done["files"]) == (harness.job_id, savepoint, 5)
+    assert not os.path.exists(copy)
+    assert os.path.isfile(os.path.join(location.removeprefix("file://"), "_metadata"))
+    assert _listed(harness) == [savepoint]
+    assert harness.plane.jobs[harness.job_id].coordinator.store.get(savepoint) is not None
+
+
+def test_a_savepoint_a_restore_reads_is_not_disposed_of_meanwhile(harness: Harness) -> None:
+    """A restore of a savepoint by its path pins nothing in the job's store: the restore
+    under way refuses the disposal, and a disposal under way refuses the restore."""
+    harness.start(retained=1)
+    _, location = _savepoint(harness, "sp")
+    _checkpoint(harness)
+    harness.plane.restore(harness.job_id, None, location)
+    with pytest.raises(ConflictError, match=rf"job {harness.job_id} is restoring it"):
+        harness.plane.dispose_savepoint(location)
+    assert os.path.isfile(os.path.join(location.removeprefix("file://"), "_metadata"))
+    harness.plane.disposing.add(Location.of(location))  # as while its files are deleted
+    with pytest.raises(ConflictError, match="is being disposed of"):
+        harness.plane.restore(harness.job_id, None, location)
