@@ -61,6 +61,20 @@ def _driver(streams: Streams, tmp_path: Path) -> JobDriver:
     return JobDriver(env.graph, options)
 
 
+def _registered(driver: JobDriver, client: redis.Redis, streams: Streams) -> threading.Thread:
+    """The driver's ``prepare`` on a thread, once it registered: it waits for the first
+    restore (or a cancel)."""
+    waiting = threading.Thread(target=driver.authority.prepare)
+    waiting.start()
+    wait_for(
+        "the registration",
+        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
+        20,
+        every_s=0.02,
+    )
+    return waiting
+
+
 def _statuses(client: redis.Redis, streams: Streams) -> list[str]:
     return [
         ev.status.value for _, ev in _events(client, streams) if isinstance(ev, p.JobStatusChanged)
@@ -114,14 +128,7 @@ def test_a_signal_while_waiting_for_the_first_restore_cancels_the_job(
     client: redis.Redis, streams: Streams, tmp_path: Path
 ) -> None:
     driver = _driver(streams, tmp_path)
-    waiting = threading.Thread(target=driver.authority.prepare)
-    waiting.start()
-    wait_for(
-        "the registration",
-        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
-        20,
-        every_s=0.02,
-    )
+    waiting = _registered(driver, client, streams)
     driver.authority.request_cancel()  # what the driver's SIGTERM handler calls
     waiting.join(timeout=20)
     assert not waiting.is_alive()
@@ -193,14 +200,7 @@ def test_a_driver_whose_first_restore_is_a_later_attempt_took_over_the_job(
     """The supervisor's next driver (the one before died) gets attempt 3 first: its console's
     end line counts from there. A first driver gets attempt 1."""
     driver = _driver(streams, tmp_path)
-    waiting = threading.Thread(target=driver.authority.prepare)
-    waiting.start()
-    wait_for(
-        "the registration",
-        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
-        20,
-        every_s=0.02,
-    )
+    waiting = _registered(driver, client, streams)
     job_id = driver.options.job_id
     send_command(
         client, streams, job_id, attempt, 0, p.RestoreJob(new_attempt=attempt), signer=SIGNER
