@@ -11,6 +11,7 @@ write, 398 against 297 us for the delete, on a 2-core machine).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import shutil
@@ -75,9 +76,29 @@ class LocalOps(FileOps):
         if not os.path.isdir(path):
             os.remove(path)
         elif recursive:
-            shutil.rmtree(path)
+            _remove_tree(path)
         else:  # as fsspec's local rm says it
             raise ValueError("Cannot delete directory, set recursive=True")
+
+
+#: Times a local tree is deleted again when a file came or went meanwhile.
+TREE_ATTEMPTS = 5
+
+
+def _remove_tree(path: str) -> None:
+    """``shutil.rmtree``, again when another thread or process wrote into the tree while it
+    was deleted (a task still uploading its part of a checkpoint that failed and is being
+    discarded: ``ENOTEMPTY``) or deleted from it (``ENOENT``); the last attempt's error is
+    raised. Gone already is done."""
+    for attempt in range(TREE_ATTEMPTS):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError as err:
+            if not os.path.lexists(path):
+                return
+            if err.errno not in (errno.ENOTEMPTY, errno.ENOENT) or attempt == TREE_ATTEMPTS - 1:
+                raise
 
 
 def file_ops_for(fs: fsspec.AbstractFileSystem, object_store: bool) -> FileOps:

@@ -12,6 +12,7 @@ executors: it holds plain strings and creates its fsspec filesystem lazily.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
@@ -57,6 +58,8 @@ METADATA_FILE = "_metadata"
 SHARED_DIR = "shared"
 WORKING_DIR = "working"
 _CHECKPOINT_PREFIX = "chk-"
+
+log = logging.getLogger(__name__)
 
 
 class FileSystemCheckpointStorage(CheckpointStorage):
@@ -388,8 +391,17 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def discard(self, job_id: str, checkpoint_id: int) -> None:
         """Delete a checkpoint's directory, then the shared files no checkpoint needs any more
         (:meth:`sweep_shared`): the standalone authority and the control plane both discard
-        through here."""
-        self._files.remove_quietly(self._checkpoint_dir(job_id, checkpoint_id), recursive=True)
+        through here. A deletion that fails (a filesystem error, or writers that keep adding
+        files) leaves garbage, never wrong state: it is logged, not raised, so that no job
+        fails over for it."""
+        directory = self._checkpoint_dir(job_id, checkpoint_id)
+        try:
+            self._files.remove_quietly(directory, recursive=True)
+        except OSError as err:
+            log.warning(
+                "job %s: checkpoint %d left at %s: %s", job_id, checkpoint_id, directory, err
+            )
+            return
         self.sweep_shared(job_id)
 
     def cleanup_incomplete(self, job_id: str, *, keep: Iterable[int] = ()) -> list[int]:

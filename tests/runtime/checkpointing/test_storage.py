@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -360,6 +362,38 @@ def test_completed_ids_and_cleanup_of_incomplete(storage: FileSystemCheckpointSt
     assert storage.cleanup_incomplete("job-2") == [1]
     assert storage.completed_checkpoint_ids("no-such-job") == []
     assert storage.cleanup_incomplete("no-such-job") == []
+
+
+def test_discard_while_a_task_still_writes_into_the_checkpoint_never_raises(
+    local: FileSystemCheckpointStorage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint that failed is discarded while a task of the failed epoch still uploads
+    its part (a writer thread here): the tree is deleted again when a file came meanwhile,
+    and what cannot be deleted is left and logged, never raised (a raise failed the job)."""
+    local.write_state("job-1", 7, "pv-0", DATA)
+    directory = Path(local.checkpoint_path("job-1", 7).removeprefix("file://"))
+    stop = threading.Event()
+
+    def upload() -> None:
+        n = 0
+        while not stop.is_set():
+            directory.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                (directory / f"pv-1-{n}").write_bytes(DATA)
+            n += 1
+
+    writer = threading.Thread(target=upload)
+    writer.start()
+    try:
+        for _ in range(50):
+            local.discard("job-1", 7)
+    finally:
+        stop.set()
+        writer.join()
+    local.discard("job-1", 7)  # the writer is done: now it goes
+    assert not directory.exists()
+    left = [r.getMessage() for r in caplog.records if "left at" in r.getMessage()]
+    assert all(f"checkpoint 7 left at {directory}" in m for m in left)
 
 
 def test_discard_is_idempotent(storage: FileSystemCheckpointStorage) -> None:
