@@ -141,14 +141,7 @@ def test_a_signal_cancels_a_running_job_at_the_next_epoch_boundary(
     client: redis.Redis, streams: Streams, tmp_path: Path
 ) -> None:
     driver = _driver(streams, tmp_path)
-    starting = threading.Thread(target=driver.authority.prepare)
-    starting.start()
-    wait_for(
-        "the registration",
-        lambda: any(isinstance(ev, p.JobRegistered) for _, ev in _events(client, streams)),
-        20,
-        every_s=0.02,
-    )
+    starting = _registered(driver, client, streams)
     send_command(
         client, streams, driver.options.job_id, 1, 0, p.RestoreJob(new_attempt=1), signer=SIGNER
     )

@@ -244,7 +244,7 @@ def restore(
         cp = _read_savepoint(plane, rt, path)
     # Step 2, 3
     with plane.unit() as batch:
-        if cp.external_path and storage_io.located(cp.external_path) in plane.disposing:
+        if cp.external_path and storage_io.location_of(cp.external_path) in plane.disposing:
             raise ConflictError(f"{cp.external_path} is being disposed of")
         batch.touched.add(job_id)
         request_id = _new_operation(

@@ -262,7 +262,7 @@ class StorageRoots:
             return self._global
         local = [
             d
-            for d in (_location(n) for n in named_directories(config, self._contains_data))
+            for d in (location_of(n) for n in named_directories(config, self._contains_data))
             if d.protocol == LOCAL
         ]
         return JobRoots((*self._global.roots, *local))
@@ -273,7 +273,7 @@ class StorageRoots:
         roots."""
         roots = self.of_job(config)
         own, start = _named(config)
-        if own is not None and self._contains_data(_location(own)):
+        if own is not None and self._contains_data(location_of(own)):
             return (
                 f"checkpoint_dir {own!r} contains the control plane's data directory "
                 f"{self._data[0]} (its database and API token)"
@@ -284,15 +284,7 @@ class StorageRoots:
         return None
 
 
-def located(url: str) -> Location | None:
-    """:meth:`Location.of`, or None for a URL no filesystem has (a NUL byte)."""
-    try:
-        return Location.of(url)
-    except ValueError:
-        return None
-
-
-def _location(url: str) -> Location:
+def location_of(url: str) -> Location:
     """:meth:`Location.of`, or a location under no root (a NUL byte)."""
     try:
         return Location.of(url)
@@ -313,8 +305,8 @@ def named_directories(
     if start is not None:
         start = start.removesuffix("/_metadata")
         holder = start.rsplit("/", 1)[0] or "/"
-        named.append(start if contains_data(_location(holder)) else holder)
-    return [d for d in named if not contains_data(_location(d))]
+        named.append(start if contains_data(location_of(holder)) else holder)
+    return [d for d in named if not contains_data(location_of(d))]
 
 
 def _named(config: Mapping[str, Any]) -> tuple[str | None, str | None]:

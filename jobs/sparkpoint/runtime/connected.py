@@ -175,7 +175,7 @@ class ControlPlaneAuthority(Authority):
         channel = self.link.channel
         runner = self._reader.around(runner)
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
-        self._silence.last_ms = self.job.clock.monotonic_ms()  # Spark's start is no silence
+        self._silence.reset()  # Spark's start is no silence
         self._spark_ready = True
         if self.job.status is p.JobStatus.CREATED and self._end is None:
             self.job.set_status(p.JobStatus.RUNNING)

@@ -56,6 +56,10 @@ class Silence:
         self.said = False
         self.last_ms = now
 
+    def reset(self) -> None:
+        """Count the silence from now (the job starts running; a pause ends)."""
+        self.last_ms = self.job.clock.monotonic_ms()
+
     def quiet_ms(self) -> int | None:
         """How long without a command is too long (None: no command is expected)."""
         interval = self.settings["interval_ms"]
@@ -68,7 +72,7 @@ class Silence:
         waits for the control plane's decision after a failure, which comes after the
         restart strategy's delay (minutes, maybe): the wait counts from its end."""
         if paused:
-            self.last_ms = self.job.clock.monotonic_ms()
+            self.reset()
             return
         quiet = self.quiet_ms()
         if self.said or quiet is None or self.job.console is None:
