@@ -8,6 +8,7 @@ restores touch real files.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,12 @@ class Harness:
         cp.recover()
         self.cp = cp
         return cp
+
+    def another_job(self) -> Harness:
+        """A harness for a second job on the same control plane (its own command stream)."""
+        other = copy.copy(self)
+        other.job_id, other._seen = f"job-{uuid.uuid4().hex[:8]}", "0"
+        return other
 
     @property
     def plane(self) -> ControlPlane:

@@ -134,6 +134,9 @@ class JobRuntime:
     restore_pin: int | None = None  # the checkpoint a pending restore needs
     cancel_request: str | None = None
     start_command: Any = None  # the last ``restore`` sent: a duplicate registration gets it again
+    # (id, path) of the checkpoint ``--from-checkpoint`` named: a failover restores it while the
+    # job has no checkpoint of its own (Flink adds it to the job's store); never discarded.
+    start_point: tuple[int, str] | None = None
     uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     heartbeat: DriverHeartbeatMonitor | None = None  # None: no driver is watched
     driver_lost: bool = False  # its driver's silence failed it over; no driver registered since

@@ -114,6 +114,7 @@ class ControlPlane:
             on_stale=self._count_stale,
             heartbeat_timeout_ms=settings.heartbeat_timeout_ms,
             roots=self.roots,
+            disposing=self.disposing,
         )
 
     @property

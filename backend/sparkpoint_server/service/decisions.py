@@ -412,11 +412,12 @@ def start_attempt(
     batch: Batch, rt: JobRuntime, decision: FailoverDecision, request_id: str | None
 ) -> None:
     """Record a new attempt and send the job the checkpoint it starts from."""
-    cp_name = (
-        f"checkpoint {decision.restore_from.checkpoint_id}"
-        if decision.restore_from is not None
-        else "the beginning"
-    )
+    if decision.restore_from is not None:
+        cp_name = f"checkpoint {decision.restore_from.checkpoint_id}"
+    elif rt.start_point is not None:
+        cp_name = f"checkpoint {rt.start_point[0]} at {rt.start_point[1]} (it started from it)"
+    else:
+        cp_name = "the beginning"
     log.info("job %s: attempt %d starts from %s", rt.job_id, decision.attempt, cp_name)
     drop_restart(batch, rt)  # this start supersedes a restart still due
     handle_failed(batch, rt, decision.aborted)
@@ -449,8 +450,19 @@ def start_attempt(
 def restore_command(
     rt: JobRuntime, cp: CompletedCheckpoint | None, attempt: int, request_id: str | None
 ) -> p.RestoreJob:
+    """The ``restore`` that starts ``attempt`` from ``cp``; None: from the checkpoint the job
+    started from (``--from-checkpoint``), or the beginning when it started from none."""
     if cp is None:
-        return p.RestoreJob(new_attempt=attempt, request_id=request_id)
+        if rt.start_point is None:
+            return p.RestoreJob(new_attempt=attempt, request_id=request_id)
+        checkpoint_id, path = rt.start_point
+        return p.RestoreJob(
+            new_attempt=attempt,
+            checkpoint_id=checkpoint_id,
+            external_path=path,
+            savepoint_path=path,
+            request_id=request_id,
+        )
     inline = any(h.inline is not None for a in cp.acks.values() for h in a.handles)
     return p.RestoreJob(
         new_attempt=attempt,

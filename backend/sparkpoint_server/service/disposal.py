@@ -191,15 +191,26 @@ def _plan(path: str) -> Disposal:
 
 
 def _refuse_restores(plane: ControlPlane, places: set[Location]) -> None:
-    """409 while a live job's restore from one of ``places`` is under way: its new attempt
-    reads the files (a restore of another job's savepoint pins nothing in the owner's store)."""
+    """409 while a live job may restore one of ``places``: a restore from it is under way
+    (its new attempt reads the files; a restore of another job's savepoint pins nothing in
+    the owner's store), or the job started from it and has no checkpoint of its own yet (a
+    failover restores it again)."""
     for rt in plane.jobs.values():
+        if not rt.active:
+            continue
         start = getattr(rt.start_command, "external_path", None)
-        if rt.active and rt.restore_request is not None and _at(start, places):
+        if rt.restore_request is not None and _at(start, places):
             raise ConflictError(
                 f"job {rt.job_id} is restoring it (request {rt.restore_request[1]}); dispose "
                 "of it once that restore completed"
             )
+        if rt.start_point is not None and _at(rt.start_point[1], places):
+            store = rt.coordinator.store.all()
+            if all(c.checkpoint_id in rt.finalizing for c in store):
+                raise ConflictError(
+                    f"job {rt.job_id} started from it and has no checkpoint of its own yet: a "
+                    "failover now would restore it; dispose of it once one has completed"
+                )
 
 
 def _forget(plane: ControlPlane, job_id: str, checkpoint_id: int, places: set[Location]) -> None:

@@ -25,7 +25,7 @@ from sparkpoint_server.coordination.job import (
     build_runtime,
     checkpoint_config_dict,
 )
-from sparkpoint_server.service import completions
+from sparkpoint_server.service import completions, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
@@ -60,9 +60,11 @@ class EventApplier:
         on_stale: Callable[[], None],
         heartbeat_timeout_ms: int,
         roots: StorageRoots,
+        disposing: set[storage_io.Location],
     ) -> None:
         self.jobs = jobs
         self.roots = roots
+        self.disposing = disposing  # the control plane's: savepoints being disposed of
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
@@ -217,6 +219,8 @@ class EventApplier:
             clock=self.clock,
             default_checkpoint_dir=self.checkpoint_dir,
         )
+        if point is not None:
+            rt.start_point = (point.checkpoint_id, point.external_path or config["from_checkpoint"])
         self.jobs[rt.job_id] = rt
         batch.writer.insert_job(
             job_id=rt.job_id,
@@ -232,6 +236,7 @@ class EventApplier:
             checkpoint_config=checkpoint_config_dict(rt.coordinator.config),
             restart_strategy=dict(rt.restart.to_config()),
             next_checkpoint_id=rt.coordinator.next_checkpoint_id,
+            start_checkpoint_id=point.checkpoint_id if point else None,
             **_guarantee_columns(ev),
         )
         batch.writer.status_change(
@@ -242,12 +247,7 @@ class EventApplier:
             previous=None,
             cause="registered",
         )
-        restore = p.RestoreJob(
-            new_attempt=1,
-            checkpoint_id=point.checkpoint_id if point else None,
-            external_path=point.external_path if point else None,
-            savepoint_path=point.external_path if point else None,
-        )
+        restore = d.restore_command(rt, None, 1, None)
         rt.start_command = restore
         batch.command(rt.job_id, 1, restore)
 
@@ -267,6 +267,10 @@ class EventApplier:
         if not config.get("from_checkpoint"):
             return None
         path = str(config["from_checkpoint"])
+        if storage_io.location_of(path) in self.disposing:
+            raise ConfigurationError(
+                f"job {job_id}: --from-checkpoint {path!r} is being disposed of"
+            )
         point = batch.restore_points.get(path)
         if not isinstance(point, RestorePoint):
             raise ConfigurationError(

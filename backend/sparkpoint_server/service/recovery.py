@@ -72,6 +72,8 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         clock=clock,
         default_checkpoint_dir=checkpoint_dir,
     )
+    if job.start_checkpoint_id is not None and job.config.get("from_checkpoint"):
+        rt.start_point = (job.start_checkpoint_id, str(job.config["from_checkpoint"]))
     rows = session.scalars(
         select(Checkpoint)
         .where(Checkpoint.job_id == job.job_id, Checkpoint.discarded.is_(False))

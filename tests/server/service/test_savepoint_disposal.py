@@ -176,3 +176,31 @@ def test_a_savepoint_a_restore_reads_is_not_disposed_of_meanwhile(harness: Harne
     harness.plane.disposing.add(Location.of(location))  # as while its files are deleted
     with pytest.raises(ConflictError, match="is being disposed of"):
         harness.plane.restore(harness.job_id, None, location)
+
+
+def test_the_savepoint_a_new_job_started_from_stays_until_it_has_a_checkpoint(
+    harness: Harness,
+) -> None:
+    """A job started from a savepoint fails over to it until a checkpoint of its own
+    completed; a job whose ``--from-checkpoint`` is being disposed of is refused."""
+    harness.start(retained=1)
+    savepoint, location = _savepoint(harness, "sp")
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    late = harness.another_job()
+    harness.plane.disposing.add(Location.of(location))  # as while its files are deleted
+    late.register(incarnation="driver-8", from_checkpoint=location)
+    [(_, refused)] = late.commands()
+    assert isinstance(refused, p.CancelJob) and refused.status is p.JobStatus.FAILED
+    assert f"--from-checkpoint {location!r} is being disposed of" in (refused.cause or "")
+    harness.plane.disposing.clear()
+    resumed = harness.another_job()
+    resumed.register(incarnation="driver-9", from_checkpoint=location)
+    resumed.running(1)
+    resumed.commands()
+    with pytest.raises(ConflictError, match=rf"job {resumed.job_id} started from it"):
+        harness.plane.dispose_savepoint(location)
+    assert os.path.isfile(os.path.join(location.removeprefix("file://"), "_metadata"))
+    own = resumed.trigger_periodic()
+    resumed.ack_all(1, own)
+    assert harness.plane.dispose_savepoint(location)["checkpoint-id"] == savepoint
