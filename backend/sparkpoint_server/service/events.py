@@ -162,6 +162,7 @@ class EventApplier:
             **_guarantee_columns(ev),  # the new driver may run a changed job
         )
         self._watch(batch, rt, ev)
+        _tell_configuration(batch, rt, ev)
         restarted = "the job's driver process registered again (it was restarted)"
         cause = f"{restarted}: {ev.previous_failure}" if ev.previous_failure else restarted
         decided = lost and rt.status is p.JobStatus.RESTARTING
@@ -490,6 +491,21 @@ def _start_command(rt: JobRuntime) -> p.RestoreJob:
         cp = rt.coordinator.store.get(rt.restore_pin) if rt.restore_pin else None
         start = d.restore_command(rt, cp, rt.attempt, None)
     return start
+
+
+def _tell_configuration(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+    """A restarted driver registers with its command line's checkpoint settings; those the
+    control plane has (changed through ``PATCH /jobs/{id}/checkpoints/config`` since) win, and
+    the driver hears them as the earlier one did: what it expects of the control plane (how
+    often a command comes) follows them."""
+    current = checkpoint_config_dict(rt.coordinator.config)
+    changes = {
+        name: value
+        for name, value in current.items()
+        if isinstance(value, int) and ev.config.get(name) != value
+    }
+    if changes:
+        batch.command(rt.job_id, rt.attempt, p.ConfigurationChanged(changes=changes))
 
 
 def _guarantee_columns(ev: p.JobRegistered) -> dict[str, str | None]:

@@ -279,3 +279,18 @@ def test_queued_checkpoint_requests_fail_with_the_reason_when_the_job_stops_runn
     assert op.status == "FAILED" and op.checkpoint_id is None
     assert op.failure_cause is not None and "queued and not triggered" in op.failure_cause
     assert "CANCELLING" in op.failure_cause
+
+
+def test_a_restarted_driver_hears_the_configuration_changed_before_it_registered(
+    harness: Harness,
+) -> None:
+    """Its command line still says 1 s; the control plane's 5 s wins and is told to it."""
+    harness.start()
+    harness.plane.update_checkpoint_config(harness.job_id, {"interval_ms": 5000, "retained": 3})
+    harness.commands()
+    harness.register(incarnation="driver-2")  # `sparkpoint run` restarted the driver
+    commands = [c for _, c in harness.commands()]
+    assert commands[0] == p.ConfigurationChanged(changes={"interval_ms": 5000, "retained": 3})
+    assert isinstance(commands[-1], p.RestoreJob) and commands[-1].new_attempt == 2
+    harness.register(incarnation="driver-3", interval_ms=5000, retained=3)  # as now: not told
+    assert not any(isinstance(c, p.ConfigurationChanged) for _, c in harness.commands())
