@@ -107,6 +107,26 @@ class Finalizing:
         return self.written is not None and self.written.done()
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where the job's current line of checkpoints starts: the checkpoint that its
+    ``--from-checkpoint`` or the latest restore request named. A failover restores the
+    newest checkpoint completed since (ids from ``next_id`` on), else this one, and never
+    one that a restore went back past (Flink starts a new job from the checkpoint restored,
+    whose store holds nothing newer).
+
+    Attributes:
+        checkpoint_id: its id.
+        path: its location, restored by path when the job's store does not hold it (another
+            job's checkpoint, a savepoint read from its path); None: inline, in the store.
+        next_id: the id of the first checkpoint after it.
+    """
+
+    checkpoint_id: int
+    path: str | None
+    next_id: int
+
+
 @dataclass
 class JobRuntime:
     """Everything the control plane decides with about one job, in memory."""
@@ -134,9 +154,7 @@ class JobRuntime:
     restore_pin: int | None = None  # the checkpoint a pending restore needs
     cancel_request: str | None = None
     start_command: Any = None  # the last ``restore`` sent: a duplicate registration gets it again
-    # (id, path) of the checkpoint ``--from-checkpoint`` named: a failover restores it while the
-    # job has no checkpoint of its own (Flink adds it to the job's store); never discarded.
-    start_point: tuple[int, str] | None = None
+    origin: Origin | None = None  # None: the job started from the beginning, no restore since
     uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     heartbeat: DriverHeartbeatMonitor | None = None  # None: no driver is watched
     driver_lost: bool = False  # its driver's silence failed it over; no driver registered since

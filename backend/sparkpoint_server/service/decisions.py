@@ -22,7 +22,8 @@ from sparkpoint.checkpointing.pending import (
     FailoverDecision,
     PendingCheckpoint,
 )
-from sparkpoint_server.coordination.job import RESTORE_PIN, UNCOMMITTED_PIN, JobRuntime
+from sparkpoint_server.coordination.job import RESTORE_PIN, UNCOMMITTED_PIN, JobRuntime, Origin
+from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.batch import Batch
 
 log = logging.getLogger(__name__)
@@ -412,10 +413,14 @@ def start_attempt(
     batch: Batch, rt: JobRuntime, decision: FailoverDecision, request_id: str | None
 ) -> None:
     """Record a new attempt and send the job the checkpoint it starts from."""
-    if decision.restore_from is not None:
-        cp_name = f"checkpoint {decision.restore_from.checkpoint_id}"
-    elif rt.start_point is not None:
-        cp_name = f"checkpoint {rt.start_point[0]} at {rt.start_point[1]} (it started from it)"
+    cp = decision.restore_from
+    if request_id is not None and cp is not None:  # a restore request: a new line starts
+        rt.origin = Origin(cp.checkpoint_id, cp.external_path, rt.coordinator.next_checkpoint_id)
+        batch.writer.job(rt.job_id, **origin_columns(rt.origin))
+    if cp is not None:
+        cp_name = f"checkpoint {cp.checkpoint_id}"
+    elif rt.origin is not None:
+        cp_name = f"checkpoint {rt.origin.checkpoint_id} at {rt.origin.path} (its origin)"
     else:
         cp_name = "the beginning"
     log.info("job %s: attempt %d starts from %s", rt.job_id, decision.attempt, cp_name)
@@ -427,10 +432,10 @@ def start_attempt(
     for old in list(rt.uncommitted):
         unpin(batch, rt, old, UNCOMMITTED_PIN)
     rt.uncommitted.clear()
-    cp = decision.restore_from
-    if cp is not None and rt.coordinator.store.get(cp.checkpoint_id) is not None:
+    pinned = None
+    if cp is not None and held(rt, cp.checkpoint_id, cp.external_path) is not None:
         rt.coordinator.store.pin(cp.checkpoint_id, RESTORE_PIN)
-        rt.restore_pin = cp.checkpoint_id
+        rt.restore_pin = pinned = cp.checkpoint_id
     discard_subsumed(batch, rt)
     if request_id is not None:
         rt.restore_request = (decision.attempt, request_id)
@@ -440,27 +445,48 @@ def start_attempt(
         rt.job_id,
         attempt=decision.attempt,
         restarts=restarts,
-        restart_checkpoint_id=cp.checkpoint_id if cp else None,
+        restart_checkpoint_id=pinned,  # restored by path (not the store's): nothing pinned
         updated_at=batch.now,
     )
     rt.start_command = restore_command(rt, cp, decision.attempt, request_id)
     batch.command(rt.job_id, decision.attempt, rt.start_command)
 
 
+def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheckpoint | None:
+    """The job's retained checkpoint ``checkpoint_id`` if it is the one at ``path`` (None: any
+    location). Ids are a job's own: another job's checkpoint or savepoint may have one of its
+    ids, and restoring by its path must not restore the job's own checkpoint of that id."""
+    cp = rt.coordinator.store.get(checkpoint_id)
+    if cp is None or path is None:
+        return cp
+    if cp.external_path is None:
+        return None
+    return cp if storage_io.location_of(cp.external_path) == storage_io.location_of(path) else None
+
+
+def origin_columns(origin: Origin | None) -> dict[str, Any]:
+    """The job row's columns of an :class:`Origin`."""
+    return {
+        "origin_checkpoint_id": origin.checkpoint_id if origin else None,
+        "origin_path": origin.path if origin else None,
+        "origin_next_id": origin.next_id if origin else None,
+    }
+
+
 def restore_command(
     rt: JobRuntime, cp: CompletedCheckpoint | None, attempt: int, request_id: str | None
 ) -> p.RestoreJob:
-    """The ``restore`` that starts ``attempt`` from ``cp``; None: from the checkpoint the job
-    started from (``--from-checkpoint``), or the beginning when it started from none."""
+    """The ``restore`` that starts ``attempt`` from ``cp``; None: from the job's origin by its
+    path (a checkpoint its store does not hold), or the beginning when it has none."""
     if cp is None:
-        if rt.start_point is None:
+        origin = rt.origin
+        if origin is None or origin.path is None:
             return p.RestoreJob(new_attempt=attempt, request_id=request_id)
-        checkpoint_id, path = rt.start_point
         return p.RestoreJob(
             new_attempt=attempt,
-            checkpoint_id=checkpoint_id,
-            external_path=path,
-            savepoint_path=path,
+            checkpoint_id=origin.checkpoint_id,
+            external_path=origin.path,
+            savepoint_path=origin.path,
             request_id=request_id,
         )
     inline = any(h.inline is not None for a in cp.acks.values() for h in a.handles)

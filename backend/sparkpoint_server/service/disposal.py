@@ -48,6 +48,7 @@ from sparkpoint_server.errors import (
     InvalidRequestError,
     StorageUnavailableError,
 )
+from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.storage_io import LOCAL, Location
 from sparkpoint_server.storage.models import Checkpoint, Job
@@ -193,8 +194,8 @@ def _plan(path: str) -> Disposal:
 def _refuse_restores(plane: ControlPlane, places: set[Location]) -> None:
     """409 while a live job may restore one of ``places``: a restore from it is under way
     (its new attempt reads the files; a restore of another job's savepoint pins nothing in
-    the owner's store), or the job started from it and has no checkpoint of its own yet (a
-    failover restores it again)."""
+    the owner's store), or the job started from it or restored it by its path and has no
+    checkpoint since (a failover restores it again)."""
     for rt in plane.jobs.values():
         if not rt.active:
             continue
@@ -204,13 +205,13 @@ def _refuse_restores(plane: ControlPlane, places: set[Location]) -> None:
                 f"job {rt.job_id} is restoring it (request {rt.restore_request[1]}); dispose "
                 "of it once that restore completed"
             )
-        if rt.start_point is not None and _at(rt.start_point[1], places):
-            store = rt.coordinator.store.all()
-            if all(c.checkpoint_id in rt.finalizing for c in store):
-                raise ConflictError(
-                    f"job {rt.job_id} started from it and has no checkpoint of its own yet: a "
-                    "failover now would restore it; dispose of it once one has completed"
-                )
+        origin = rt.origin
+        restoring = origin is not None and origin.path is not None and _at(origin.path, places)
+        if restoring and not fo.candidates(rt):
+            raise ConflictError(
+                f"job {rt.job_id} restored it and has no checkpoint since: a failover now "
+                "would restore it; dispose of it once one has completed"
+            )
 
 
 def _forget(plane: ControlPlane, job_id: str, checkpoint_id: int, places: set[Location]) -> None:
@@ -233,8 +234,8 @@ def _forget(plane: ControlPlane, job_id: str, checkpoint_id: int, places: set[Lo
                 f"{name} is retained by the job ({rt.status.value}); the job deletes its "
                 "checkpoints once newer ones subsume them"
             )
-        written = [c.checkpoint_id for c in store.all() if c.checkpoint_id not in rt.finalizing]
-        if written and max(written) == checkpoint_id:
+        target = fo.candidates(rt)
+        if target and target[0].checkpoint_id == checkpoint_id:
             raise ConflictError(
                 f"{name} is its newest restore point: a failover now would restore it; "
                 "dispose of it once a later checkpoint has completed"

@@ -22,6 +22,7 @@ from sparkpoint.runtime.recovery import (
 )
 from sparkpoint_server.coordination.job import (
     JobRuntime,
+    Origin,
     build_runtime,
     checkpoint_config_dict,
 )
@@ -221,7 +222,8 @@ class EventApplier:
             default_checkpoint_dir=self.checkpoint_dir,
         )
         if point is not None:
-            rt.start_point = (point.checkpoint_id, point.external_path or config["from_checkpoint"])
+            path = point.external_path or str(config["from_checkpoint"])
+            rt.origin = Origin(point.checkpoint_id, path, rt.coordinator.next_checkpoint_id)
         self.jobs[rt.job_id] = rt
         batch.writer.insert_job(
             job_id=rt.job_id,
@@ -237,7 +239,7 @@ class EventApplier:
             checkpoint_config=checkpoint_config_dict(rt.coordinator.config),
             restart_strategy=dict(rt.restart.to_config()),
             next_checkpoint_id=rt.coordinator.next_checkpoint_id,
-            start_checkpoint_id=point.checkpoint_id if point else None,
+            **d.origin_columns(rt.origin),
             **_guarantee_columns(ev),
         )
         batch.writer.status_change(

@@ -54,9 +54,18 @@ UNRESTORABLE = "UNRESTORABLE_CHECKPOINT"
 
 
 def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
-    """Under the lock: the retained checkpoints a failover may restore, newest first (not
-    those whose ``_metadata`` is still being written: a failover takes them back)."""
-    kept = (cp for cp in rt.coordinator.store.all() if cp.checkpoint_id not in rt.finalizing)
+    """Under the lock: the retained checkpoints a failover may restore, newest first: those
+    of the job's current line (its origin, and those completed since: not one that a restore
+    went back past), not those whose ``_metadata`` is still being written (a failover takes
+    them back). None left: the failover restores the origin by its path, or the beginning."""
+    origin = rt.origin
+    own = d.held(rt, origin.checkpoint_id, origin.path) if origin is not None else None
+    kept = (
+        cp
+        for cp in rt.coordinator.store.all()
+        if cp.checkpoint_id not in rt.finalizing
+        and (origin is None or cp.checkpoint_id >= origin.next_id or cp is own)
+    )
     return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
 
 
@@ -178,21 +187,34 @@ def fail_over(batch: Batch, rt: JobRuntime, cause: str, verdicts: Verdicts) -> N
     chosen, skipped = _choose(rt, verdicts)
     # Step 3a
     if not skipped:
-        d.start_attempt(batch, rt, rt.coordinator.failover(cause), request_id=None)
+        d.start_attempt(batch, rt, rt.coordinator.failover_to(chosen, cause), request_id=None)
         return
     for why in skipped:
         log.warning("job %s: %s", rt.job_id, why)
+    origin = rt.origin  # restored by its path when the store does not hold it
+    by_path = (
+        origin is not None
+        and origin.path is not None
+        and d.held(rt, origin.checkpoint_id, origin.path) is None
+    )
     # Step 3c
-    if chosen is None:
+    if chosen is None and not by_path:
         action = "no restart: no retained checkpoint can be restored"
         _record(batch, rt, f"{rt.attempt}:none", skipped, action)
         d.fail_for_good(batch, rt, f"{cause}; no checkpoint can be restored: {'; '.join(skipped)}")
         return
-    # Step 3b
-    decision = rt.coordinator.restore_from(chosen, cause)
+    # Step 3b: the one found, or the origin by its path (checked by the driver that reads it)
+    if chosen is not None:
+        decision = rt.coordinator.restore_from(chosen, cause)
+        restored, since = f"{chosen.kind.value} {chosen.checkpoint_id}", chosen.checkpoint_id
+    else:
+        assert origin is not None
+        decision = rt.coordinator.failover_to(None, cause)
+        restored = f"checkpoint {origin.checkpoint_id} at {origin.path} (its origin)"
+        since = origin.checkpoint_id
     action = (
-        f"restored {chosen.kind.value} {chosen.checkpoint_id} instead of the latest (output "
-        f"committed since {chosen.checkpoint_id} is produced again)"
+        f"restored {restored} instead of the latest (output committed since {since} is "
+        "produced again)"
     )
     log.warning("job %s: %s: %s", rt.job_id, action, "; ".join(skipped))
     _record(batch, rt, str(decision.attempt), skipped, action)
@@ -200,9 +222,9 @@ def fail_over(batch: Batch, rt: JobRuntime, cause: str, verdicts: Verdicts) -> N
 
 
 def _choose(rt: JobRuntime, verdicts: Verdicts) -> tuple[CompletedCheckpoint | None, list[str]]:
-    """The newest retained checkpoint without a refusal, and the refusals of newer ones."""
+    """The newest candidate without a refusal, and the refusals of newer ones."""
     skipped: list[str] = []
-    for cp in sorted(rt.coordinator.store.all(), key=lambda c: c.checkpoint_id, reverse=True):
+    for cp in candidates(rt):
         why = verdicts.get(cp.checkpoint_id)
         if why is None:
             return cp, skipped

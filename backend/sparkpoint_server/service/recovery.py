@@ -35,6 +35,7 @@ from sparkpoint_server.coordination.job import (
     TERMINAL,
     UNCOMMITTED_PIN,
     JobRuntime,
+    Origin,
     build_runtime,
 )
 from sparkpoint_server.storage.models import (
@@ -72,8 +73,8 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         clock=clock,
         default_checkpoint_dir=checkpoint_dir,
     )
-    if job.start_checkpoint_id is not None and job.config.get("from_checkpoint"):
-        rt.start_point = (job.start_checkpoint_id, str(job.config["from_checkpoint"]))
+    if job.origin_checkpoint_id is not None and job.origin_next_id is not None:
+        rt.origin = Origin(job.origin_checkpoint_id, job.origin_path, job.origin_next_id)
     rows = session.scalars(
         select(Checkpoint)
         .where(Checkpoint.job_id == job.job_id, Checkpoint.discarded.is_(False))

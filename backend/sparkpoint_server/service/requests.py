@@ -254,7 +254,7 @@ def restore(
         d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
         # Completions still being written fail first: only written checkpoints are restored.
         d.take_back_completions(batch, rt, cause)
-        if rt.coordinator.store.get(cp.checkpoint_id) is not None:
+        if d.held(rt, cp.checkpoint_id, cp.external_path) is not None:
             decision = rt.coordinator.restore_to(cp.checkpoint_id)
         else:
             decision = rt.coordinator.restore_from(cp, cause)

@@ -66,9 +66,11 @@ class Job(Base):
     restart_due_at: Mapped[int | None] = mapped_column(BigInteger)
     restart_cause: Mapped[str | None] = mapped_column(Text)
     restart_checkpoint_id: Mapped[int | None] = mapped_column(Integer)
-    # The checkpoint its --from-checkpoint named (its path: config["from_checkpoint"]): what a
-    # failover restores while the job has no checkpoint of its own.
-    start_checkpoint_id: Mapped[int | None] = mapped_column(Integer)
+    # Where its current line of checkpoints starts (coordination.job.Origin): the checkpoint
+    # its --from-checkpoint or its latest restore request named. None: the beginning.
+    origin_checkpoint_id: Mapped[int | None] = mapped_column(Integer)
+    origin_path: Mapped[str | None] = mapped_column(Text)
+    origin_next_id: Mapped[int | None] = mapped_column(Integer)
     # The latest restore (Flink's ``latest.restored``).
     restored_checkpoint_id: Mapped[int | None] = mapped_column(Integer)
     restored_at: Mapped[int | None] = mapped_column(BigInteger)

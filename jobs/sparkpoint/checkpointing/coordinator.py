@@ -325,6 +325,12 @@ class CheckpointCoordinator:
         checkpoint with the highest id, savepoints included (None when there is none)."""
         return self._restart(cause, self.store.latest(include_savepoints=True))
 
+    def failover_to(self, checkpoint: CompletedCheckpoint | None, cause: str) -> FailoverDecision:
+        """Like :meth:`failover`, restoring ``checkpoint`` (the host chose it among the store's:
+        Sparkpoint's control plane skips those a restore went back past); None: the host
+        restores what the job started from."""
+        return self._restart(cause, checkpoint)
+
     def restore_to(self, checkpoint_id: int) -> FailoverDecision:
         """Like :meth:`failover`, restoring the given checkpoint (a user's request).
 

@@ -198,7 +198,7 @@ def test_the_savepoint_a_new_job_started_from_stays_until_it_has_a_checkpoint(
     resumed.register(incarnation="driver-9", from_checkpoint=location)
     resumed.running(1)
     resumed.commands()
-    with pytest.raises(ConflictError, match=rf"job {resumed.job_id} started from it"):
+    with pytest.raises(ConflictError, match=rf"job {resumed.job_id} restored it"):
         harness.plane.dispose_savepoint(location)
     assert os.path.isfile(os.path.join(location.removeprefix("file://"), "_metadata"))
     own = resumed.trigger_periodic()

@@ -1,0 +1,152 @@
+"""A failover restores the newest checkpoint of the job's current line: the one its
+``--from-checkpoint`` or its latest restore request named (its origin), or one completed since.
+Restarting from the beginning would drop the state a job started from a checkpoint started
+with and read its input again; restoring a checkpoint that a restore request went back past
+would undo that restore. Flink starts a new job from the checkpoint restored, whose store
+holds nothing newer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from service_harness import Harness
+
+from sparkpoint import protocol as p
+from sparkpoint_server.storage.models import Operation
+
+NO_DELAY = {
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.attempts": 5,
+    "restart-strategy.fixed-delay.delay": "0 s",
+}
+
+
+def _restores(h: Harness) -> list[p.RestoreJob]:
+    return [c for _, c in h.commands() if isinstance(c, p.RestoreJob)]
+
+
+def _started_from_a_checkpoint(harness: Harness, tmp_path: Path) -> tuple[Harness, int, str]:
+    """Job A completes a checkpoint; job B registers from it and runs. (B, its id, its URL)"""
+    harness.start()
+    cid = harness.trigger_periodic()
+    harness.ack_all(1, cid)
+    url = "file://" + os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    other = Harness(tmp_path / "other", harness.sessions, harness.client, harness.streams)
+    other.register(incarnation="driver-9", from_checkpoint=url, restart_strategy=NO_DELAY)
+    [first] = _restores(other)
+    assert (first.new_attempt, first.checkpoint_id, first.external_path) == (1, cid, url)
+    other.running(1)
+    return other, cid, url
+
+
+def test_a_failure_before_its_first_checkpoint_restores_the_one_it_started_from(
+    harness: Harness, tmp_path: Path
+) -> None:
+    other, cid, url = _started_from_a_checkpoint(harness, tmp_path)
+    other.send(1, p.TaskFailed(epoch=1, cause="boom"))
+    other.tick(1)
+    [again] = _restores(other)
+    assert (again.new_attempt, again.checkpoint_id, again.external_path) == (2, cid, url)
+    assert again.savepoint_path == url
+    # Its own checkpoint then comes first; the one it started from stays where it is.
+    other.running(2)
+    own = other.trigger_periodic()
+    other.ack_all(2, own)
+    other.commands()
+    other.send(2, p.TaskFailed(epoch=3, cause="boom again"))
+    other.tick(1)
+    [latest] = _restores(other)
+    assert (latest.new_attempt, latest.checkpoint_id) == (3, own)
+    assert latest.external_path is not None and other.job_id in latest.external_path
+    assert os.path.isfile(url.removeprefix("file://") + "/_metadata")
+
+
+def test_a_restarted_control_plane_still_restores_the_one_it_started_from(
+    harness: Harness, tmp_path: Path
+) -> None:
+    other, cid, url = _started_from_a_checkpoint(harness, tmp_path)
+    other.new_control_plane()
+    other.commands()
+    other.send(1, p.TaskFailed(epoch=1, cause="boom"))
+    other.tick(1)
+    [again] = _restores(other)
+    assert (again.new_attempt, again.checkpoint_id, again.external_path) == (2, cid, url)
+    # A driver that registers again for the running attempt gets the same start again.
+    other.new_control_plane()
+    other.commands()
+    other.register(incarnation="driver-9", from_checkpoint=url, restart_strategy=NO_DELAY)
+    [same] = _restores(other)
+    assert (same.new_attempt, same.checkpoint_id, same.external_path) == (2, cid, url)
+
+
+def _fail(h: Harness, attempt: int) -> p.RestoreJob:
+    """Fail the attempt; the restore that the (immediate) restart sends."""
+    h.commands()
+    h.send(attempt, p.TaskFailed(epoch=9, cause=f"boom in attempt {attempt}"))
+    h.tick(1)
+    [restore] = _restores(h)
+    assert restore.new_attempt == attempt + 1
+    return restore
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["", "control-plane-restart"])
+def test_a_failover_after_a_restore_to_an_older_checkpoint_does_not_undo_it(
+    harness: Harness, restart: bool
+) -> None:
+    harness.start(retained=3, restart_strategy=NO_DELAY)
+    older = harness.trigger_periodic()
+    harness.ack_all(1, older)
+    newer = harness.trigger_periodic()
+    harness.ack_all(1, newer)
+    harness.commands()
+    harness.plane.restore(harness.job_id, older, None)
+    [restore] = _restores(harness)
+    assert (restore.new_attempt, restore.checkpoint_id) == (2, older)
+    harness.running(2)
+    if restart:
+        harness.new_control_plane()
+    again = _fail(harness, 2)
+    assert again.checkpoint_id == older  # not the newer one, which the restore went back past
+    harness.running(3)
+    since = harness.trigger_periodic()
+    harness.ack_all(3, since)
+    if restart:
+        harness.new_control_plane()
+    latest = _fail(harness, 3)
+    assert latest.checkpoint_id == since > newer
+
+
+def test_a_failover_after_a_restore_of_a_savepoint_by_its_path_restores_it_again(
+    harness: Harness,
+) -> None:
+    """Another job's savepoint, restored by its path, is not in the job's store: a failover
+    before the job's next checkpoint restores it by its path again."""
+    other = harness.another_job()
+    other.start()
+    target = os.path.join(harness.settings.savepoint_dir, "sp")
+    request = other.plane.trigger_savepoint(other.job_id, target, cancel_job=False)
+    [trigger] = [c for _, c in other.commands() if isinstance(c, p.TriggerCheckpoint)]
+    other.ack_all(1, trigger.checkpoint_id)
+    with other.sessions() as s:
+        op = s.get(Operation, request)
+        assert op is not None and op.location is not None
+        location = op.location
+    harness.start(restart_strategy=NO_DELAY)
+    own = harness.trigger_periodic()
+    harness.ack_all(1, own)
+    harness.commands()
+    assert own == trigger.checkpoint_id  # ids are each job's own: the job has a chk-1 too
+    harness.plane.restore(harness.job_id, None, location)
+    [restore] = _restores(harness)
+    assert (restore.checkpoint_id, restore.external_path) == (trigger.checkpoint_id, location)
+    # A control plane that restarted before the restore was reported sends the same again.
+    harness.new_control_plane()
+    harness.commands()
+    harness.register()  # the same driver, its registration redelivered
+    [same] = _restores(harness)
+    assert (same.new_attempt, same.external_path) == (2, location)
+    harness.running(2)
+    again = _fail(harness, 2)
+    assert (again.checkpoint_id, again.external_path) == (trigger.checkpoint_id, location)
