@@ -1,0 +1,230 @@
+"""A failover restores the checkpoint the job's line started from when no checkpoint completed
+since, through the real control plane, its driver and Spark:
+
+- a job started from a savepoint fails before its first checkpoint: it restores the savepoint
+  again, and its committed output with the stopped job's is a failure-free run's (restarting
+  from the beginning would count the savepoint's events twice);
+- a job restored to an older checkpoint loses its driver before its next checkpoint: the new
+  driver restores that checkpoint again, not the newer one the restore went back past (which
+  would silently undo the restore).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from sparkpoint.connectors.sources import GeneratorSource
+from sparkpoint.testing import line_counts
+
+from ..runtime.pv_harness import APPS, EVENTS, expected_every_lines
+from ..support.waiting import wait_for
+from .control_plane import REDIS_URL, ROOT, ServerProcess
+
+pytestmark = pytest.mark.spark
+
+
+def _pv(
+    server: ServerProcess, tmp_path: Path, name: str, *extra: str, events: int = EVENTS
+) -> subprocess.Popen[str]:
+    """The PV job (every record's count) as a user starts it, connected to ``server``."""
+    return subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("sparkpoint")),
+            "run",
+            "jobs/examples/pv_count.py",
+            "--redis-url",
+            REDIS_URL,
+            "--stream-prefix",
+            server.prefix,
+            "--checkpoint-dir",
+            f"file://{tmp_path / 'chk'}",
+            "--local-dir",
+            str(tmp_path / "local" / name),
+            "--epoch-target-ms",
+            "250",
+            *extra,
+            "--",
+            "--events",
+            str(events),
+            "--apps",
+            str(APPS),
+            "--rate",
+            "1500",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=server.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finished(job: subprocess.Popen[str]) -> str:
+    output, _ = job.communicate(timeout=240)
+    assert job.returncode == 0, output[-4000:]
+    return output
+
+
+def test_a_job_started_from_a_savepoint_fails_over_to_it_exactly_once(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    first = _pv(server, tmp_path, "first", "--checkpoint-interval", "0.5")
+    try:
+        with server.api() as api:
+            job_id = wait_for(
+                "the job to register", lambda: [j["id"] for j in api.get("/jobs").json()["jobs"]]
+            )[0]
+
+            def completed() -> list[dict[str, Any]]:
+                history = api.get(f"/jobs/{job_id}/checkpoints").json()["history"]
+                return [h for h in history if h["status"] == "COMPLETED"]
+
+            wait_for("a completed checkpoint", completed)
+            answer = api.post(
+                f"/jobs/{job_id}/stop", json={"targetDirectory": str(tmp_path / "savepoints")}
+            )
+            assert answer.status_code == 202, answer.text
+            _finished(first)
+            rid = answer.json()["request-id"]
+            stop = api.get(f"/jobs/{job_id}/stop/{rid}").json()
+            assert stop["status"]["id"] == "COMPLETED", stop
+            location = stop["operation"]["location"]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    with open(location.removeprefix("file://") + "/_metadata") as fh:
+        positions = {k: v for a in json.load(fh)["acks"] for k, v in a["source_positions"].items()}
+    assert 0 < sum(positions.values()) < EVENTS  # stopped early
+    # The second job fails 100 records after the savepoint's position in its first split,
+    # long before its first checkpoint (every 30 s), so that no checkpoint of its own exists.
+    fail_at = positions[min(positions)] + 100  # the first split's (split ids sort in order)
+    second = _pv(
+        server,
+        tmp_path,
+        "second",
+        "--checkpoint-interval",
+        "30",
+        "--from-checkpoint",
+        location,
+        "--fail-after",
+        str(fail_at),
+    )
+    output = _finished(second)
+    assert "injected failure" in output
+    assert line_counts(str(tmp_path / "out")) == expected_every_lines(EVENTS)
+    with server.api() as api:
+        jobs = api.get("/jobs").json()["jobs"]
+        [resumed] = [j["id"] for j in jobs if j["id"] != job_id]
+        final = api.get(f"/jobs/{resumed}").json()
+        assert (final["state"], final["attempt"]) == ("FINISHED", 2)
+        history = api.get(f"/jobs/{resumed}/checkpoints").json()
+        restored = history["latest"]["restored"]
+        assert restored["external_path"] == location, restored
+
+
+def _counts_at(location: str, events: int) -> Counter[str]:
+    """Events per app that the sources had delivered at the checkpoint at ``location``."""
+    with open(location.removeprefix("file://") + "/_metadata") as fh:
+        positions = {k: v for a in json.load(fh)["acks"] for k, v in a["source_positions"].items()}
+    src = GeneratorSource(events=events, apps=APPS, rate=0)
+    out: Counter[str] = Counter()
+    for i, split in enumerate(src.split_ids()):
+        out.update(np.asarray(src.read(i, 0, positions[split]).column("app_id")).tolist())
+    return out
+
+
+def test_a_driver_lost_after_a_restore_to_an_older_checkpoint_restores_it_again(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    events = 2 * EVENTS  # 16 s of input: it is far from its end when its driver dies
+    job = _pv(
+        server,
+        tmp_path,
+        "rewound",
+        "--checkpoint-interval",
+        "0.5",
+        "--retained",
+        "20",
+        events=events,
+    )
+    try:
+        with server.api() as api:
+            job_id = wait_for(
+                "the job to register", lambda: [j["id"] for j in api.get("/jobs").json()["jobs"]]
+            )[0]
+
+            def completed() -> list[dict[str, Any]]:
+                history = api.get(f"/jobs/{job_id}/checkpoints?limit=1000").json()["history"]
+                return [h for h in history if h["status"] == "COMPLETED"]
+
+            wait_for("three completed checkpoints", lambda: len(completed()) >= 3, 120)
+            # No checkpoint from now on until the driver is gone: the restored one stays the
+            # newest of the job's line.
+            answer = api.patch(f"/jobs/{job_id}/checkpoints/config", json={"interval": 600_000})
+            assert answer.status_code == 200, answer.text
+            before = completed()
+            older, newest = before[-1], max(before, key=lambda h: h["id"])
+            assert older["id"] < newest["id"]
+            answer = api.post(f"/jobs/{job_id}/restore", json={"checkpoint_id": older["id"]})
+            assert answer.status_code == 202, answer.text
+            rid = answer.json()["request-id"]
+            wait_for(
+                "the restore",
+                lambda: (
+                    api.get(f"/jobs/{job_id}/restore/{rid}").json()["status"]["id"] == "COMPLETED"
+                ),
+            )
+            # Read now: retention deletes both once newer checkpoints complete.
+            restored_at = _counts_at(older["external_path"], events)
+            committed_at = _counts_at(newest["external_path"], events)
+
+            def restored() -> dict[str, Any]:
+                latest = api.get(f"/jobs/{job_id}/checkpoints").json()["latest"]
+                return dict(latest["restored"])
+
+            requested = restored()
+            assert requested["id"] == older["id"]
+            # The driver dies (kill -9); `sparkpoint run` starts another, which registers.
+            [driver] = psutil.Process(job.pid).children()
+            driver.send_signal(signal.SIGKILL)
+            again = wait_for(
+                "the next driver's restore",
+                lambda: (
+                    (r := restored())["restore_timestamp"] > requested["restore_timestamp"] and r
+                ),
+                120,
+            )
+            assert api.get(f"/jobs/{job_id}").json()["attempt"] == 3
+            assert again["id"] == older["id"], again
+            assert not [h for h in completed() if h["id"] > newest["id"]]
+            answer = api.patch(f"/jobs/{job_id}/checkpoints/config", json={"interval": 500})
+            assert answer.status_code == 200, answer.text
+            _finished(job)
+            final = api.get(f"/jobs/{job_id}").json()
+            assert (final["state"], final["attempt"]) == ("FINISHED", 3)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    # Every line of a failure-free run once, and, per app, the counts between the restored
+    # checkpoint and the newest one committed before the restore again (sinks cannot
+    # un-commit); the lines of the lost driver's attempt were never committed.
+    expected = expected_every_lines(events)
+    expected.update(
+        f'{{"app_id": "{app}", "pv": {k}}}'
+        for app in committed_at
+        for k in range(restored_at[app] + 1, committed_at[app] + 1)
+    )
+    assert sum(committed_at.values()) > sum(restored_at.values())
+    assert line_counts(str(tmp_path / "out")) == expected
