@@ -145,7 +145,7 @@ class EventApplier:
         self._watch(batch, self.jobs[env.job_id], ev)
 
     def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
-        """A new driver process of a known job: fail over to the latest completed checkpoint,
+        """A new driver process of a known job: fail over (:func:`~.failover.fail_over`),
         with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
 
         When the previous driver's silence already failed the job over (RESTARTING), the
@@ -177,7 +177,7 @@ class EventApplier:
             action=(
                 "the restart decided when the previous driver's heartbeats stopped goes on"
                 if decided
-                else "restore the latest completed checkpoint"
+                else f"restore {fo.target_name(rt)}"
             ),
         )
         if decided:

@@ -69,6 +69,16 @@ def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
     return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
 
 
+def target_name(rt: JobRuntime) -> str:
+    """Under the lock: what a failover restores now (unless its files fail the check)."""
+    kept = candidates(rt)
+    if kept:
+        return f"{kept[0].kind.value} {kept[0].checkpoint_id}"
+    if rt.origin is not None and rt.origin.path is not None:
+        return f"checkpoint {rt.origin.checkpoint_id} at {rt.origin.path}"
+    return "the beginning"
+
+
 def verify(checkpoints: Iterable[CompletedCheckpoint], storage: CheckpointStorage) -> Verdicts:
     """Storage I/O (outside the lock): check the checkpoints' files newest first, until one
     verifies (:func:`~sparkpoint.runtime.recovery.newest_restorable`, whose wording the

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from service_harness import Harness
+from sqlalchemy import select
 
 from sparkpoint import protocol as p
-from sparkpoint_server.storage.models import Operation
+from sparkpoint_server.storage.models import JobException, Operation
 
 NO_DELAY = {
     "restart-strategy.type": "fixed-delay",
@@ -150,3 +151,22 @@ def test_a_failover_after_a_restore_of_a_savepoint_by_its_path_restores_it_again
     harness.running(2)
     again = _fail(harness, 2)
     assert (again.checkpoint_id, again.external_path) == (trigger.checkpoint_id, location)
+
+
+def test_a_restarted_driver_after_a_restore_gets_that_checkpoint_and_the_history_says_so(
+    harness: Harness,
+) -> None:
+    harness.start(retained=3, restart_strategy=NO_DELAY)
+    older = harness.trigger_periodic()
+    harness.ack_all(1, older)
+    newer = harness.trigger_periodic()
+    harness.ack_all(1, newer)
+    harness.plane.restore(harness.job_id, older, None)
+    harness.running(2)
+    harness.commands()
+    harness.register(incarnation="driver-2")  # `sparkpoint run` restarted a killed driver
+    [restore] = _restores(harness)
+    assert (restore.new_attempt, restore.checkpoint_id) == (3, older)
+    with harness.sessions() as s:
+        [entry] = s.scalars(select(JobException).where(JobException.kind == "DRIVER_RESTART")).all()
+    assert entry.action == f"restore checkpoint {older}"
