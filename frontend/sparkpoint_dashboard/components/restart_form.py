@@ -163,7 +163,8 @@ def card() -> html.Section:
             html.H2("Restart strategy"),
             html.P(
                 "What happens when the job fails: whether and when it restarts from its latest "
-                "checkpoint. Durations as Flink writes them (10 s, 1 min, 500 ms); an empty "
+                "checkpoint (after a restore: the one restored, until a newer one completes). "
+                "Durations as Flink writes them (10 s, 1 min, 500 ms); an empty "
                 "field takes Flink's default. Applies from the next failure.",
                 className="help",
             ),
