@@ -47,13 +47,9 @@ from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.batch import Batch, Disposer
-from sparkpoint_server.service.events import (
-    EventApplier,
-    RejectedEventError,
-    UnknownJobError,
-    read_restore_point,
-)
+from sparkpoint_server.service.events import EventApplier, RejectedEventError, UnknownJobError
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
+from sparkpoint_server.service.registration import read_restore_point
 from sparkpoint_server.service.savepoints import completion_writer
 from sparkpoint_server.service.storage_io import StorageRoots, parse_roots
 from sparkpoint_server.storage.models import Job

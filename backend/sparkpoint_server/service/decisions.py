@@ -23,7 +23,7 @@ from sparkpoint.checkpointing.pending import (
     PendingCheckpoint,
 )
 from sparkpoint_server.coordination.job import RESTORE_PIN, UNCOMMITTED_PIN, JobRuntime, Origin
-from sparkpoint_server.service import storage_io
+from sparkpoint_server.service import origins
 from sparkpoint_server.service.batch import Batch
 
 log = logging.getLogger(__name__)
@@ -416,7 +416,7 @@ def start_attempt(
     cp = decision.restore_from
     if request_id is not None and cp is not None:  # a restore request: a new line starts
         rt.origin = Origin(cp.checkpoint_id, cp.external_path, rt.coordinator.next_checkpoint_id)
-        batch.writer.job(rt.job_id, **origin_columns(rt.origin))
+        batch.writer.job(rt.job_id, **origins.columns(rt.origin))
     if cp is not None:
         cp_name = f"checkpoint {cp.checkpoint_id}"
     elif rt.origin is not None:
@@ -433,7 +433,7 @@ def start_attempt(
         unpin(batch, rt, old, UNCOMMITTED_PIN)
     rt.uncommitted.clear()
     pinned = None
-    if cp is not None and held(rt, cp.checkpoint_id, cp.external_path) is not None:
+    if cp is not None and origins.held(rt, cp.checkpoint_id, cp.external_path) is not None:
         rt.coordinator.store.pin(cp.checkpoint_id, RESTORE_PIN)
         rt.restore_pin = pinned = cp.checkpoint_id
     discard_subsumed(batch, rt)
@@ -448,56 +448,8 @@ def start_attempt(
         restart_checkpoint_id=pinned,  # restored by path (not the store's): nothing pinned
         updated_at=batch.now,
     )
-    rt.start_command = restore_command(rt, cp, decision.attempt, request_id)
+    rt.start_command = origins.restore_command(rt, cp, decision.attempt, request_id)
     batch.command(rt.job_id, decision.attempt, rt.start_command)
-
-
-def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheckpoint | None:
-    """The job's retained checkpoint ``checkpoint_id`` if it is the one at ``path`` (None: any
-    location). Ids are a job's own: another job's checkpoint or savepoint may have one of its
-    ids, and restoring by its path must not restore the job's own checkpoint of that id."""
-    cp = rt.coordinator.store.get(checkpoint_id)
-    if cp is None or path is None:
-        return cp
-    if cp.external_path is None:
-        return None
-    return cp if storage_io.location_of(cp.external_path) == storage_io.location_of(path) else None
-
-
-def origin_columns(origin: Origin | None) -> dict[str, Any]:
-    """The job row's columns of an :class:`Origin`."""
-    return {
-        "origin_checkpoint_id": origin.checkpoint_id if origin else None,
-        "origin_path": origin.path if origin else None,
-        "origin_next_id": origin.next_id if origin else None,
-    }
-
-
-def restore_command(
-    rt: JobRuntime, cp: CompletedCheckpoint | None, attempt: int, request_id: str | None
-) -> p.RestoreJob:
-    """The ``restore`` that starts ``attempt`` from ``cp``; None: from the job's origin by its
-    path (a checkpoint its store does not hold), or the beginning when it has none."""
-    if cp is None:
-        origin = rt.origin
-        if origin is None or origin.path is None:
-            return p.RestoreJob(new_attempt=attempt, request_id=request_id)
-        return p.RestoreJob(
-            new_attempt=attempt,
-            checkpoint_id=origin.checkpoint_id,
-            external_path=origin.path,
-            savepoint_path=origin.path,
-            request_id=request_id,
-        )
-    inline = any(h.inline is not None for a in cp.acks.values() for h in a.handles)
-    return p.RestoreJob(
-        new_attempt=attempt,
-        checkpoint_id=cp.checkpoint_id,
-        external_path=cp.external_path,
-        savepoint_path=cp.external_path if cp.is_savepoint else None,
-        acks=list(cp.acks.values()) if inline or cp.external_path is None else None,
-        request_id=request_id,
-    )
 
 
 def job_restored(batch: Batch, rt: JobRuntime, attempt: int, ev: p.JobRestored) -> None:

@@ -38,7 +38,7 @@ from sparkpoint.transport import ReceivedMessage
 from sparkpoint_server.coordination.job import JobRuntime
 from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import decisions as d
-from sparkpoint_server.service import storage_io
+from sparkpoint_server.service import origins, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
 from sparkpoint_server.storage.models import Job
@@ -59,7 +59,7 @@ def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
     went back past), not those whose ``_metadata`` is still being written (a failover takes
     them back). None left: the failover restores the origin by its path, or the beginning."""
     origin = rt.origin
-    own = d.held(rt, origin.checkpoint_id, origin.path) if origin is not None else None
+    own = origins.held(rt, origin.checkpoint_id, origin.path) if origin is not None else None
     kept = (
         cp
         for cp in rt.coordinator.store.all()
@@ -205,7 +205,7 @@ def fail_over(batch: Batch, rt: JobRuntime, cause: str, verdicts: Verdicts) -> N
     by_path = (
         origin is not None
         and origin.path is not None
-        and d.held(rt, origin.checkpoint_id, origin.path) is None
+        and origins.held(rt, origin.checkpoint_id, origin.path) is None
     )
     # Step 3c
     if chosen is None and not by_path:

@@ -39,7 +39,7 @@ from sparkpoint_server.errors import (
     StorageUnavailableError,
 )
 from sparkpoint_server.service import decisions as d
-from sparkpoint_server.service import storage_io
+from sparkpoint_server.service import origins, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.storage_io import state_paths
 from sparkpoint_server.storage.models import Job
@@ -254,7 +254,7 @@ def restore(
         d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
         # Completions still being written fail first: only written checkpoints are restored.
         d.take_back_completions(batch, rt, cause)
-        if d.held(rt, cp.checkpoint_id, cp.external_path) is not None:
+        if origins.held(rt, cp.checkpoint_id, cp.external_path) is not None:
             decision = rt.coordinator.restore_to(cp.checkpoint_id)
         else:
             decision = rt.coordinator.restore_from(cp, cause)
@@ -321,17 +321,7 @@ def _read_savepoint(plane: ControlPlane, rt: JobRuntime, path: str) -> Completed
         raise CorruptCheckpointError(
             f"checkpoint {point.checkpoint_id} of job {rt.job_id} cannot be restored: {err}"
         ) from err
-    return CompletedCheckpoint(
-        checkpoint_id=point.checkpoint_id,
-        kind=p.CheckpointKind.SAVEPOINT,
-        attempt=point.attempt,
-        trigger_timestamp=0,
-        completion_timestamp=0,
-        end_to_end_duration_ms=0.0,
-        is_final=False,
-        acks={(a.operator_id, a.subtask): a for a in point.acks},
-        external_path=point.external_path,
-    )
+    return origins.read_from_path(point)
 
 
 def cancel(plane: ControlPlane, job_id: str) -> str:

@@ -1,0 +1,82 @@
+"""Where a job's current line of checkpoints starts (its
+:class:`~sparkpoint_server.coordination.job.Origin`), and which retained checkpoint is the one at
+a path.
+
+A failover restores the newest checkpoint of the line (``service.failover.candidates``); a
+checkpoint named by its path is the store's only when it is at that path, since checkpoint ids
+are each job's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkpoint import protocol as p
+from sparkpoint.checkpointing.pending import CompletedCheckpoint
+from sparkpoint.runtime.recovery import RestorePoint
+from sparkpoint_server.coordination.job import JobRuntime, Origin
+from sparkpoint_server.service import storage_io
+
+
+def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheckpoint | None:
+    """The job's retained checkpoint ``checkpoint_id`` if it is the one at ``path`` (None: any
+    location). Ids are a job's own: another job's checkpoint or savepoint may have one of its
+    ids, and restoring by its path must not restore the job's own checkpoint of that id."""
+    cp = rt.coordinator.store.get(checkpoint_id)
+    if cp is None or path is None:
+        return cp
+    if cp.external_path is None:
+        return None
+    return cp if storage_io.location_of(cp.external_path) == storage_io.location_of(path) else None
+
+
+def columns(origin: Origin | None) -> dict[str, Any]:
+    """The job row's columns of an :class:`Origin`."""
+    return {
+        "origin_checkpoint_id": origin.checkpoint_id if origin else None,
+        "origin_path": origin.path if origin else None,
+        "origin_next_id": origin.next_id if origin else None,
+    }
+
+
+def read_from_path(point: RestorePoint) -> CompletedCheckpoint:
+    """A checkpoint read from its path (``_metadata``) as one to restore: a savepoint, since
+    the job's store does not hold it (or holds another of that id)."""
+    return CompletedCheckpoint(
+        checkpoint_id=point.checkpoint_id,
+        kind=p.CheckpointKind.SAVEPOINT,
+        attempt=point.attempt,
+        trigger_timestamp=0,
+        completion_timestamp=0,
+        end_to_end_duration_ms=0.0,
+        is_final=False,
+        acks={(a.operator_id, a.subtask): a for a in point.acks},
+        external_path=point.external_path,
+    )
+
+
+def restore_command(
+    rt: JobRuntime, cp: CompletedCheckpoint | None, attempt: int, request_id: str | None
+) -> p.RestoreJob:
+    """The ``restore`` that starts ``attempt`` from ``cp``; None: from the job's origin by its
+    path (a checkpoint its store does not hold), or the beginning when it has none."""
+    if cp is None:
+        origin = rt.origin
+        if origin is None or origin.path is None:
+            return p.RestoreJob(new_attempt=attempt, request_id=request_id)
+        return p.RestoreJob(
+            new_attempt=attempt,
+            checkpoint_id=origin.checkpoint_id,
+            external_path=origin.path,
+            savepoint_path=origin.path,
+            request_id=request_id,
+        )
+    inline = any(h.inline is not None for a in cp.acks.values() for h in a.handles)
+    return p.RestoreJob(
+        new_attempt=attempt,
+        checkpoint_id=cp.checkpoint_id,
+        external_path=cp.external_path,
+        savepoint_path=cp.external_path if cp.is_savepoint else None,
+        acks=list(cp.acks.values()) if inline or cp.external_path is None else None,
+        request_id=request_id,
+    )

@@ -1,0 +1,271 @@
+"""How the control plane answers ``job_registered``: a new job starts (from the beginning or
+its ``--from-checkpoint``), a duplicate registration gets its start again, a restarted driver
+fails the job over, and an ended job that is run again starts a new attempt.
+
+Registrations are events like the others (:mod:`~sparkpoint_server.service.events` hands them
+here), applied under the coordination lock; the checkpoints they name were read before it
+(:func:`read_restore_point`, by the ingest, bounded by the storage timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sparkpoint import protocol as p
+from sparkpoint.clock import Clock
+from sparkpoint.errors import CheckpointError, ConfigurationError
+from sparkpoint.runtime.recovery import (
+    RestorePoint,
+    restore_point_from_metadata,
+    storage_for_checkpoint_path,
+)
+from sparkpoint_server.coordination.job import (
+    JobRuntime,
+    Origin,
+    build_runtime,
+    checkpoint_config_dict,
+)
+from sparkpoint_server.service import decisions as d
+from sparkpoint_server.service import failover as fo
+from sparkpoint_server.service import heartbeats as hb
+from sparkpoint_server.service import origins, storage_io
+from sparkpoint_server.service.batch import Batch
+from sparkpoint_server.service.recovery import load_job
+from sparkpoint_server.service.storage_io import StorageRoots, state_paths
+from sparkpoint_server.storage.models import Job
+
+log = logging.getLogger(__name__)
+
+
+class Registrations:
+    """Applies ``job_registered`` events to the control plane's job runtimes."""
+
+    def __init__(
+        self,
+        jobs: dict[str, JobRuntime],
+        clock: Clock,
+        *,
+        checkpoint_dir: str,
+        heartbeat_timeout_ms: int,
+        roots: StorageRoots,
+        disposing: set[storage_io.Location],
+    ) -> None:
+        self.jobs = jobs
+        self.clock = clock
+        self.checkpoint_dir = checkpoint_dir
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.roots = roots
+        self.disposing = disposing  # the control plane's: savepoints being disposed of
+
+    def registered(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
+        """Steps: (1) a duplicate (same driver process) gets its start command again,
+        (2) a restarted driver of a known job fails the job over (or, when the silence of the
+        previous driver already did, gets the restore decided then), (3) a new job starts at
+        attempt 1 from the beginning or from ``from_checkpoint``. The registering driver is
+        watched from then on if it sends heartbeats."""
+        rt = self.jobs.get(env.job_id)
+        if rt is None:  # a job that ended before this control plane started
+            row = batch.writer.session.get(Job, env.job_id)
+            if row is not None:
+                rt = load_job(batch.writer.session, row, self.clock, self.checkpoint_dir)
+                self.jobs[rt.job_id] = rt
+        # Step 1
+        if rt is not None and rt.incarnation == ev.incarnation and ev.incarnation is not None:
+            hb.received(batch, rt, self.clock.monotonic_ms())
+            batch.command(rt.job_id, rt.attempt, _start_command(rt))
+            return
+        # Step 2
+        if rt is not None:
+            self._restarted_driver(batch, rt, ev)
+            return
+        # Step 3: a configuration the control plane cannot run is refused, and the job told
+        # why (it would otherwise wait for a start that never comes).
+        try:
+            self._new_job(batch, env, ev)
+        except (ConfigurationError, CheckpointError) as err:
+            cause = f"the control plane refused job {env.job_id}: {err}"
+            log.warning("%s", cause)
+            batch.command(env.job_id, 0, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
+            return
+        self._watch(batch, self.jobs[env.job_id], ev)
+
+    def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+        """A new driver process of a known job: fail over (:func:`~.failover.fail_over`),
+        with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
+
+        When the previous driver's silence already failed the job over (RESTARTING), the
+        restart strategy has decided: the new driver gets that restore (now, or from the
+        timer when its delay is over), and no second failover is counted.
+        """
+        lost, rt.incarnation = rt.driver_lost, ev.incarnation
+        batch.writer.job(
+            rt.job_id,
+            incarnation=ev.incarnation,
+            updated_at=batch.now,
+            spark_application_id=None,  # the new driver names its own once RUNNING
+            spark_ui_url=None,
+            spark_executors=None,
+            **_guarantee_columns(ev),  # the new driver may run a changed job
+        )
+        self._watch(batch, rt, ev)
+        _tell_configuration(batch, rt, ev)
+        restarted = "the job's driver process registered again (it was restarted)"
+        cause = f"{restarted}: {ev.previous_failure}" if ev.previous_failure else restarted
+        decided = lost and rt.status is p.JobStatus.RESTARTING
+        batch.writer.exception(
+            f"{rt.job_id}:driver:{ev.incarnation}",
+            job_id=rt.job_id,
+            attempt=rt.attempt,
+            timestamp=batch.now,
+            kind="DRIVER_RESTART",
+            cause=cause,
+            action=(
+                "the restart decided when the previous driver's heartbeats stopped goes on"
+                if decided
+                else f"restore {fo.target_name(rt)}"
+            ),
+        )
+        if decided:
+            if rt.restart_due_at is None:  # the restore went to the previous driver: again
+                batch.command(rt.job_id, rt.attempt, _start_command(rt))
+            return
+        d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
+        fo.fail_over(batch, rt, cause, batch.failover_verdicts.get(rt.job_id, {}))
+
+    def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+        interval = ev.heartbeat_interval_ms
+        if interval is not None and 2 * interval > self.heartbeat_timeout_ms:
+            log.warning(
+                "job %s: its driver sends a heartbeat every %d ms, too rarely for the heartbeat "
+                "timeout of %d ms (SPARKPOINT_HEARTBEAT_TIMEOUT): one late heartbeat fails it "
+                "over; lower its SPARKPOINT_HEARTBEAT_INTERVAL",
+                rt.job_id,
+                interval,
+                self.heartbeat_timeout_ms,
+            )
+        hb.watch(batch, rt, interval, self.clock.monotonic_ms())
+
+    def _new_job(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
+        graph = {
+            "vertices": [v.model_dump(mode="json") for v in ev.vertices],
+            "edges": [list(e) for e in ev.edges],
+        }
+        config = dict(ev.config)
+        point = self._start_point(batch, env.job_id, config)
+        rt = build_runtime(
+            job_id=env.job_id,
+            name=ev.job_name,
+            graph=graph,
+            config=config,
+            checkpoint_config=config,
+            restart_strategy=dict(config.get("restart_strategy") or {}),
+            status=p.JobStatus.CREATED,
+            incarnation=ev.incarnation,
+            attempt=1,
+            next_checkpoint_id=point.checkpoint_id + 1 if point else 1,
+            clock=self.clock,
+            default_checkpoint_dir=self.checkpoint_dir,
+        )
+        if point is not None:
+            path = point.external_path or str(config["from_checkpoint"])
+            rt.origin = Origin(point.checkpoint_id, path, rt.coordinator.next_checkpoint_id)
+        self.jobs[rt.job_id] = rt
+        batch.writer.insert_job(
+            job_id=rt.job_id,
+            name=rt.name,
+            status=rt.status.value,
+            attempt=1,
+            incarnation=ev.incarnation,
+            created_at=batch.now,
+            updated_at=batch.now,
+            start_time=batch.now,
+            graph=graph,
+            config=config,
+            checkpoint_config=checkpoint_config_dict(rt.coordinator.config),
+            restart_strategy=dict(rt.restart.to_config()),
+            next_checkpoint_id=rt.coordinator.next_checkpoint_id,
+            **origins.columns(rt.origin),
+            **_guarantee_columns(ev),
+        )
+        batch.writer.status_change(
+            job_id=rt.job_id,
+            attempt=1,
+            timestamp=batch.now,
+            status=rt.status.value,
+            previous=None,
+            cause="registered",
+        )
+        restore = origins.restore_command(rt, None, 1, None)
+        rt.start_command = restore
+        batch.command(rt.job_id, 1, restore)
+
+    def _start_point(
+        self, batch: Batch, job_id: str, config: dict[str, Any]
+    ) -> RestorePoint | None:
+        """Check the storage a new job names; the checkpoint it starts from (read before the
+        lock was taken), if any.
+
+        Raises:
+            ConfigurationError: its checkpoint directory, its ``--from-checkpoint`` or a state
+                file that one names is outside the storage roots, or it could not be read.
+        """
+        refusal = self.roots.registration_refusal(config)
+        if refusal is not None:
+            raise ConfigurationError(f"job {job_id}: {refusal}")
+        if not config.get("from_checkpoint"):
+            return None
+        path = str(config["from_checkpoint"])
+        if storage_io.location_of(path) in self.disposing:
+            raise ConfigurationError(
+                f"job {job_id}: --from-checkpoint {path!r} is being disposed of"
+            )
+        point = batch.restore_points.get(path)
+        if not isinstance(point, RestorePoint):
+            raise ConfigurationError(
+                f"job {job_id}: --from-checkpoint {path!r}: {point or 'not read'}"
+            )
+        roots = self.roots.of_job(config)
+        for state in (path for a in point.acks for h in a.handles for path in state_paths(h)):
+            if not roots.contains(state):
+                raise ConfigurationError(
+                    f"job {job_id}: --from-checkpoint {path!r} names state at "
+                    f"{state!r}, outside the storage roots: {roots.describe()}"
+                )
+        return point
+
+
+def read_restore_point(path: str) -> RestorePoint:
+    """The checkpoint at ``path`` (storage I/O: call it outside the lock, bounded in time)."""
+    return restore_point_from_metadata(storage_for_checkpoint_path(path), path)
+
+
+def _start_command(rt: JobRuntime) -> p.RestoreJob:
+    """The ``restore`` that starts the job's current attempt (rebuilt when a control-plane
+    restart lost it)."""
+    start = rt.start_command
+    if start is None or start.new_attempt != rt.attempt:
+        cp = rt.coordinator.store.get(rt.restore_pin) if rt.restore_pin else None
+        start = origins.restore_command(rt, cp, rt.attempt, None)
+    return start
+
+
+def _tell_configuration(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+    """A restarted driver registers with its command line's checkpoint settings; those the
+    control plane has (changed through ``PATCH /jobs/{id}/checkpoints/config`` since) win, and
+    the driver hears them as the earlier one did: what it expects of the control plane (how
+    often a command comes) follows them."""
+    current = checkpoint_config_dict(rt.coordinator.config)
+    changes = {
+        name: value
+        for name, value in current.items()
+        if isinstance(value, int) and ev.config.get(name) != value
+    }
+    if changes:
+        batch.command(rt.job_id, rt.attempt, p.ConfigurationChanged(changes=changes))
+
+
+def _guarantee_columns(ev: p.JobRegistered) -> dict[str, str | None]:
+    """The job row's guarantee columns from a registration (both None: not reported)."""
+    g = ev.guarantee
+    return {"guarantee_level": g.level if g else None, "guarantee_reason": g.reason if g else None}
