@@ -410,11 +410,18 @@ def drop_restart(batch: Batch, rt: JobRuntime) -> None:
 
 
 def start_attempt(
-    batch: Batch, rt: JobRuntime, decision: FailoverDecision, request_id: str | None
+    batch: Batch,
+    rt: JobRuntime,
+    decision: FailoverDecision,
+    request_id: str | None,
+    *,
+    new_line: bool = False,
 ) -> None:
-    """Record a new attempt and send the job the checkpoint it starts from."""
+    """Record a new attempt and send the job the checkpoint it starts from. A restore request
+    (``request_id``) or a ``new_line`` (an ended job run again from a checkpoint) makes that
+    checkpoint the job's origin."""
     cp = decision.restore_from
-    if request_id is not None and cp is not None:  # a restore request: a new line starts
+    if (request_id is not None or new_line) and cp is not None:
         rt.origin = Origin(cp.checkpoint_id, cp.external_path, rt.coordinator.next_checkpoint_id)
         batch.writer.job(rt.job_id, **origins.columns(rt.origin))
     if cp is not None:

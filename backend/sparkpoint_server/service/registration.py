@@ -77,37 +77,49 @@ class Registrations:
             return
         # Step 2
         if rt is not None:
-            self._restarted_driver(batch, rt, ev)
+            point = None
+            if not rt.active and ev.previous_failure is None and ev.config.get("from_checkpoint"):
+                try:  # an ended job run again: from the checkpoint its run names
+                    point = self._start_point(batch, rt.job_id, dict(ev.config))
+                except (ConfigurationError, CheckpointError) as err:
+                    _refuse(batch, rt.job_id, rt.attempt, err)
+                    return
+            self._restarted_driver(batch, rt, ev, point)
             return
-        # Step 3: a configuration the control plane cannot run is refused, and the job told
-        # why (it would otherwise wait for a start that never comes).
+        # Step 3: a configuration the control plane cannot run is refused, and the job told why.
         try:
             self._new_job(batch, env, ev)
         except (ConfigurationError, CheckpointError) as err:
-            cause = f"the control plane refused job {env.job_id}: {err}"
-            log.warning("%s", cause)
-            batch.command(env.job_id, 0, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
+            _refuse(batch, env.job_id, 0, err)
             return
         self._watch(batch, self.jobs[env.job_id], ev)
 
-    def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+    def _restarted_driver(
+        self,
+        batch: Batch,
+        rt: JobRuntime,
+        ev: p.JobRegistered,
+        point: RestorePoint | None = None,
+    ) -> None:
         """A new driver process of a known job: fail over (:func:`~.failover.fail_over`),
         with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
 
         When the previous driver's silence already failed the job over (RESTARTING), the
         restart strategy has decided: the new driver gets that restore (now, or from the
         timer when its delay is over), and no second failover is counted.
+
+        ``point``: the job had ended and runs again from its ``--from-checkpoint`` (read
+        before the lock): a new line of checkpoints starts there, as after a restore request.
+        Without one, an ended job that runs again continues from the newest checkpoint of its
+        line (from the beginning, it would commit its output again). A driver that
+        ``sparkpoint run`` restarted passes the same ``--from-checkpoint`` again: only a run
+        without a previous failure starts from it.
         """
+        if point is not None:
+            self._rerun(batch, rt, ev, point)
+            return
         lost, rt.incarnation = rt.driver_lost, ev.incarnation
-        batch.writer.job(
-            rt.job_id,
-            incarnation=ev.incarnation,
-            updated_at=batch.now,
-            spark_application_id=None,  # the new driver names its own once RUNNING
-            spark_ui_url=None,
-            spark_executors=None,
-            **_guarantee_columns(ev),  # the new driver may run a changed job
-        )
+        _new_driver(batch, rt, ev)
         self._watch(batch, rt, ev)
         _tell_configuration(batch, rt, ev)
         restarted = "the job's driver process registered again (it was restarted)"
@@ -132,6 +144,33 @@ class Registrations:
             return
         d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
         fo.fail_over(batch, rt, cause, batch.failover_verdicts.get(rt.job_id, {}))
+
+    def _rerun(
+        self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered, point: RestorePoint
+    ) -> None:
+        """An ended job run again from its ``--from-checkpoint``."""
+        ended, rt.incarnation = rt.status.value, ev.incarnation
+        _new_driver(batch, rt, ev)
+        self._watch(batch, rt, ev)
+        _tell_configuration(batch, rt, ev)
+        path = point.external_path or str(ev.config["from_checkpoint"])
+        cause = f"the job runs again (it had ended {ended}), from --from-checkpoint {path}"
+        batch.writer.exception(
+            f"{rt.job_id}:rerun:{ev.incarnation}",
+            job_id=rt.job_id,
+            attempt=rt.attempt,
+            timestamp=batch.now,
+            kind="RERUN",
+            cause=cause,
+            action=f"restore checkpoint {point.checkpoint_id} at {path}",
+        )
+        d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
+        held = origins.held(rt, point.checkpoint_id, path)
+        if held is not None:
+            decision = rt.coordinator.restore_to(held.checkpoint_id)
+        else:
+            decision = rt.coordinator.restore_from(origins.read_from_path(point), cause)
+        d.start_attempt(batch, rt, decision, request_id=None, new_line=True)
 
     def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
         interval = ev.heartbeat_interval_ms
@@ -248,6 +287,27 @@ def _start_command(rt: JobRuntime) -> p.RestoreJob:
         cp = rt.coordinator.store.get(rt.restore_pin) if rt.restore_pin else None
         start = origins.restore_command(rt, cp, rt.attempt, None)
     return start
+
+
+def _refuse(batch: Batch, job_id: str, attempt: int, err: Exception) -> None:
+    """Tell a driver that the control plane will not run its job, and why (it would otherwise
+    wait for a start that never comes)."""
+    cause = f"the control plane refused job {job_id}: {err}"
+    log.warning("%s", cause)
+    batch.command(job_id, attempt, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
+
+
+def _new_driver(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+    """The job row of a job that another driver process now runs."""
+    batch.writer.job(
+        rt.job_id,
+        incarnation=ev.incarnation,
+        updated_at=batch.now,
+        spark_application_id=None,  # the new driver names its own once RUNNING
+        spark_ui_url=None,
+        spark_executors=None,
+        **_guarantee_columns(ev),  # the new driver may run a changed job
+    )
 
 
 def _tell_configuration(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:

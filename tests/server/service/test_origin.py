@@ -15,7 +15,7 @@ from service_harness import Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
-from sparkpoint_server.storage.models import JobException, Operation
+from sparkpoint_server.storage.models import Job, JobException, Operation
 
 NO_DELAY = {
     "restart-strategy.type": "fixed-delay",
@@ -170,3 +170,78 @@ def test_a_restarted_driver_after_a_restore_gets_that_checkpoint_and_the_history
     with harness.sessions() as s:
         [entry] = s.scalars(select(JobException).where(JobException.kind == "DRIVER_RESTART")).all()
     assert entry.action == f"restore checkpoint {older}"
+
+
+def _savepoint(h: Harness, name: str) -> tuple[int, str]:
+    target = os.path.join(h.settings.savepoint_dir, name)
+    request = h.plane.trigger_savepoint(h.job_id, target, cancel_job=False)
+    [trigger] = [c for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
+    h.ack_all(1, trigger.checkpoint_id)
+    with h.sessions() as s:
+        op = s.get(Operation, request)
+        assert op is not None and op.location is not None
+        return trigger.checkpoint_id, op.location
+
+
+def test_an_ended_job_run_again_starts_from_its_from_checkpoint(harness: Harness) -> None:
+    """``sparkpoint run --job-id J --from-checkpoint SP`` after J ended starts from SP (it
+    restored the newest checkpoint and ignored SP before), and fails over to SP until a
+    checkpoint completes; run again without one, it continues from its newest checkpoint."""
+    harness.start(retained=3, restart_strategy=NO_DELAY)
+    savepoint, location = _savepoint(harness, "sp")
+    newer = harness.trigger_periodic()
+    harness.ack_all(1, newer)
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    harness.commands()
+    harness.register(incarnation="run-2", from_checkpoint=location, restart_strategy=NO_DELAY)
+    [restore] = _restores(harness)
+    assert (restore.new_attempt, restore.checkpoint_id) == (2, savepoint)
+    assert restore.external_path == location
+    harness.running(2)
+    assert _fail(harness, 2).checkpoint_id == savepoint
+    with harness.sessions() as s:
+        [entry] = s.scalars(select(JobException).where(JobException.kind == "RERUN")).all()
+    assert entry.cause == (
+        f"the job runs again (it had ended CANCELED), from --from-checkpoint {location}"
+    )
+    # A driver that `sparkpoint run` restarts passes the same --from-checkpoint: a failover.
+    harness.running(3)
+    own = harness.trigger_periodic()
+    harness.ack_all(3, own)
+    harness.commands()
+    harness.register(
+        incarnation="run-2-again",
+        from_checkpoint=location,
+        restart_strategy=NO_DELAY,
+        previous_failure="killed by SIGKILL",
+    )
+    [failover] = _restores(harness)
+    assert (failover.new_attempt, failover.checkpoint_id) == (4, own)
+    # Ended and run again without --from-checkpoint: its newest checkpoint.
+    harness.running(4)
+    harness.plane.cancel(harness.job_id)
+    harness.send(4, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    harness.commands()
+    harness.register(incarnation="run-3", restart_strategy=NO_DELAY)
+    [resumed] = _restores(harness)
+    assert (resumed.new_attempt, resumed.checkpoint_id) == (5, own)
+
+
+def test_an_ended_job_run_again_from_no_checkpoint_is_refused_and_stays_ended(
+    harness: Harness, tmp_path: Path
+) -> None:
+    harness.start()
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    harness.commands()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    harness.register(incarnation="run-2", from_checkpoint=f"file://{elsewhere}")
+    [(env, refused)] = harness.commands()
+    assert isinstance(refused, p.CancelJob) and refused.status is p.JobStatus.FAILED
+    assert f"--from-checkpoint 'file://{elsewhere}'" in (refused.cause or "")
+    assert f"{elsewhere}/_metadata does not exist" in (refused.cause or "") and env.attempt == 1
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and (job.status, job.attempt) == ("CANCELED", 1)
