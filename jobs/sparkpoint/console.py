@@ -225,7 +225,7 @@ class ConsoleEventSink(EventSink):
                 f"attempt {attempt} running on Spark application {app}{ui}",
                 attempt=attempt,
             )
-        elif event.status in _REPORTED:
+        elif event.status in _REPORTED or (event.status is p.JobStatus.FINISHED and event.cause):
             cause = f": {_one_line(event.cause)}" if event.cause else ""
             failed = event.status in (p.JobStatus.FAILING, p.JobStatus.FAILED)
             c.line(

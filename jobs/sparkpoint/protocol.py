@@ -363,7 +363,8 @@ class RestoreJob(_Model):
 
 class CancelJob(_Model):
     """Stop the job: ``CANCELED`` on a user's request, ``FAILED`` when the restart strategy
-    allows no more restarts (``cause`` says why)."""
+    allows no more restarts, or the status the job had ended with when a restarted driver
+    registers after its end (``cause`` says why)."""
 
     type: Literal["cancel"] = "cancel"
     status: JobStatus = JobStatus.CANCELED

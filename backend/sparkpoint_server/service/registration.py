@@ -61,7 +61,8 @@ class Registrations:
     def registered(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
         """Steps: (1) a duplicate (same driver process) gets its start command again,
         (2) a restarted driver of a known job fails the job over (or, when the silence of the
-        previous driver already did, gets the restore decided then), (3) a new job starts at
+        previous driver already did, gets the restore decided then; when the job had ended,
+        it is told so), an ended job run again starts a new attempt, (3) a new job starts at
         attempt 1 from the beginning or from ``from_checkpoint``. The registering driver is
         watched from then on if it sends heartbeats."""
         rt = self.jobs.get(env.job_id)
@@ -76,6 +77,22 @@ class Registrations:
             batch.command(rt.job_id, rt.attempt, _start_command(rt))
             return
         # Step 2
+        if rt is not None and rt.status is p.JobStatus.CANCELLING:
+            # Its driver died while it was being cancelled: the cancel ends (Flink: a failure
+            # while CANCELLING ends CANCELED), as when the driver's heartbeats stop.
+            died = f" ({ev.previous_failure})" if ev.previous_failure else ""
+            cause = f"its driver died while the job was being cancelled{died}"
+            d.set_status_and_settle(batch, rt, p.JobStatus.CANCELED, cause)
+        if rt is not None and not rt.active and ev.previous_failure is not None:
+            # `sparkpoint run` restarted a driver that died after its job had ended (while it
+            # shut down, say, after a cancel): the job stays as it ended, the driver too.
+            cause = (
+                f"job {rt.job_id} had ended {rt.status.value} before its driver died "
+                f"({ev.previous_failure}): nothing to restart"
+            )
+            log.info("%s", cause)
+            batch.command(rt.job_id, rt.attempt, p.CancelJob(status=rt.status, cause=cause))
+            return
         if rt is not None:
             point = None
             if not rt.active and ev.previous_failure is None and ev.config.get("from_checkpoint"):

@@ -309,8 +309,10 @@ class ControlPlaneAuthority(Authority):
         elif envelope.attempt < job.attempt:
             return  # a command of an older attempt
         elif isinstance(command, p.CancelJob):
-            failed = command.status is p.JobStatus.FAILED
-            self._end = (p.JobStatus.FAILED if failed else p.JobStatus.CANCELED, command.cause)
+            # FAILED: no more restarts; FINISHED: the job had ended so (a restarted driver).
+            ends = (p.JobStatus.FAILED, p.JobStatus.FINISHED)
+            status = command.status if command.status in ends else p.JobStatus.CANCELED
+            self._end = (status, command.cause)
         elif not self._started:
             return  # nothing but restore and cancel before the first restore
         elif isinstance(command, p.TriggerCheckpoint):

@@ -239,6 +239,8 @@ class JobDriver:
             # Step 1: before Spark starts, so that a wrong path or no control plane fails at once.
             self.storage.check_writable(self.job_id, local_dir=self.options.local_dir)
             self.authority.prepare()
+            if job.status in (p.JobStatus.FINISHED, p.JobStatus.CANCELED):
+                return  # the control plane says it ended (a cancel, or it had ended before)
             # Step 2
             runner = self._runner()
             job.spark = runner.application()

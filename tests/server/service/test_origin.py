@@ -245,3 +245,49 @@ def test_an_ended_job_run_again_from_no_checkpoint_is_refused_and_stays_ended(
     with harness.sessions() as s:
         job = s.get(Job, harness.job_id)
         assert job is not None and (job.status, job.attempt) == ("CANCELED", 1)
+
+
+@pytest.mark.parametrize("ended", [p.JobStatus.CANCELED, p.JobStatus.FINISHED])
+def test_a_driver_restarted_after_its_job_ended_is_told_so_and_nothing_restarts(
+    harness: Harness, ended: p.JobStatus
+) -> None:
+    """A driver killed while it shut down after the job's end (a cancel, the end of input)
+    is restarted by `sparkpoint run`; the job stays as it ended (it ran again before)."""
+    harness.start()
+    cid = harness.trigger_periodic()
+    harness.ack_all(1, cid)
+    if ended is p.JobStatus.CANCELED:
+        harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=ended))
+    harness.commands()
+    harness.register(incarnation="driver-2", previous_failure="killed by SIGKILL")
+    [(env, told)] = harness.commands()
+    assert told == p.CancelJob(
+        status=ended,
+        cause=f"job {harness.job_id} had ended {ended.value} before its driver died (killed "
+        "by SIGKILL): nothing to restart",
+    )
+    assert env.attempt == 1
+    harness.send(1, p.JobStatusChanged(status=ended, cause=told.cause))  # the driver ends so
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and (job.status, job.attempt) == (ended.value, 1)
+
+
+def test_a_driver_that_died_while_its_job_was_being_cancelled_ends_the_cancel(
+    harness: Harness,
+) -> None:
+    """It restarted the job before: the new driver got a restore and the cancel was lost."""
+    harness.start()
+    cid = harness.trigger_periodic()
+    harness.ack_all(1, cid)
+    request = harness.plane.cancel(harness.job_id)
+    harness.commands()
+    harness.register(incarnation="driver-2", previous_failure="killed by SIGKILL")
+    [(_, told)] = harness.commands()
+    assert isinstance(told, p.CancelJob) and told.status is p.JobStatus.CANCELED
+    with harness.sessions() as s:
+        job = s.get(Job, harness.job_id)
+        assert job is not None and (job.status, job.attempt) == ("CANCELED", 1)
+        op = s.get(Operation, request)
+        assert op is not None and op.status == "COMPLETED"
