@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -21,6 +21,7 @@ from sparkpoint.signing import Signer, job_key, read_secret
 from sparkpoint.transport import RedisEventSink, Streams, redis_client
 
 from ..support.redis_server import REDIS_URL
+from ..support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-token-0123456789"  # at least 16 characters, as the server requires
@@ -121,6 +122,20 @@ class ServerProcess:
                 p.envelope(job_id, 1, 0, p.JobStatusChanged(status=p.JobStatus.RUNNING)),
             ]
         )
+
+
+def first_job(api: httpx.Client) -> str:
+    """The id of the first job the control plane lists, once one registered."""
+    jobs = wait_for(
+        "the job to register", lambda: [j["id"] for j in api.get("/jobs").json()["jobs"]]
+    )
+    return str(jobs[0])
+
+
+def completed_checkpoints(api: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+    """The job's completed checkpoints in its history, newest first."""
+    history = api.get(f"/jobs/{job_id}/checkpoints?limit=1000").json()["history"]
+    return [h for h in history if h["status"] == "COMPLETED"]
 
 
 S = TypeVar("S", bound=ServerProcess)

@@ -25,7 +25,7 @@ from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.testing import line_counts
 
 from ..support.waiting import wait_for
-from .control_plane import REDIS_URL, ROOT, ServerProcess
+from .control_plane import REDIS_URL, ROOT, ServerProcess, completed_checkpoints, first_job
 
 pytestmark = pytest.mark.spark
 
@@ -95,13 +95,10 @@ def test_pv_job_checkpoints_savepoint_and_restore_through_the_control_plane(
     )
     try:
         with server.api() as api:
-            job_id = wait_for(
-                "the job to register", lambda: [j["id"] for j in api.get("/jobs").json()["jobs"]]
-            )[0]
+            job_id = first_job(api)
 
             def completed() -> list[dict[str, Any]]:
-                history = api.get(f"/jobs/{job_id}/checkpoints").json()["history"]
-                return [h for h in history if h["status"] == "COMPLETED"]
+                return completed_checkpoints(api, job_id)
 
             # 1. Checkpoints complete, with per-subtask details.
             first = wait_for(

@@ -28,7 +28,7 @@ from sparkpoint.testing import line_counts
 
 from ..runtime.pv_harness import APPS, EVENTS, expected_every_lines
 from ..support.waiting import wait_for
-from .control_plane import REDIS_URL, ROOT, ServerProcess
+from .control_plane import REDIS_URL, ROOT, ServerProcess, completed_checkpoints, first_job
 
 pytestmark = pytest.mark.spark
 
@@ -83,15 +83,8 @@ def test_a_job_started_from_a_savepoint_fails_over_to_it_exactly_once(
     first = _pv(server, tmp_path, "first", "--checkpoint-interval", "0.5")
     try:
         with server.api() as api:
-            job_id = wait_for(
-                "the job to register", lambda: [j["id"] for j in api.get("/jobs").json()["jobs"]]
-            )[0]
-
-            def completed() -> list[dict[str, Any]]:
-                history = api.get(f"/jobs/{job_id}/checkpoints").json()["history"]
-                return [h for h in history if h["status"] == "COMPLETED"]
-
-            wait_for("a completed checkpoint", completed)
+            job_id = first_job(api)
+            wait_for("a completed checkpoint", lambda: completed_checkpoints(api, job_id))
             answer = api.post(
                 f"/jobs/{job_id}/stop", json={"targetDirectory": str(tmp_path / "savepoints")}
             )
@@ -161,13 +154,10 @@ def test_a_driver_lost_after_a_restore_to_an_older_checkpoint_restores_it_again(
     )
     try:
         with server.api() as api:
-            job_id = wait_for(
-                "the job to register", lambda: [j["id"] for j in api.get("/jobs").json()["jobs"]]
-            )[0]
+            job_id = first_job(api)
 
             def completed() -> list[dict[str, Any]]:
-                history = api.get(f"/jobs/{job_id}/checkpoints?limit=1000").json()["history"]
-                return [h for h in history if h["status"] == "COMPLETED"]
+                return completed_checkpoints(api, job_id)
 
             wait_for("three completed checkpoints", lambda: len(completed()) >= 3, 120)
             # No checkpoint from now on until the driver is gone: the restored one stays the

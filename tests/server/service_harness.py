@@ -9,6 +9,7 @@ restores touch real files.
 from __future__ import annotations
 
 import copy
+import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from sparkpoint.clock import ManualClock
 from sparkpoint.transport import ReceivedMessage, Streams
 from sparkpoint_server.config import load_settings
 from sparkpoint_server.service.control_plane import ControlPlane
+from sparkpoint_server.storage.models import Operation
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -74,6 +76,18 @@ class Harness:
         cp.recover()
         self.cp = cp
         return cp
+
+    def savepoint(self, name: str) -> tuple[int, str]:
+        """A completed savepoint of the job (attempt 1) under the server's savepoint directory:
+        its id and its location (a ``file://`` URL)."""
+        target = os.path.join(self.settings.savepoint_dir, name)
+        request = self.plane.trigger_savepoint(self.job_id, target, cancel_job=False)
+        [trigger] = [c for _, c in self.commands() if isinstance(c, p.TriggerCheckpoint)]
+        self.ack_all(1, trigger.checkpoint_id)
+        with self.sessions() as s:
+            op = s.get(Operation, request)
+            assert op is not None and op.status == "COMPLETED" and op.location is not None
+            return trigger.checkpoint_id, op.location
 
     def another_job(self) -> Harness:
         """A harness for a second job on the same control plane (its own command stream)."""

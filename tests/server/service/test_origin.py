@@ -126,22 +126,15 @@ def test_a_failover_after_a_restore_of_a_savepoint_by_its_path_restores_it_again
     before the job's next checkpoint restores it by its path again."""
     other = harness.another_job()
     other.start()
-    target = os.path.join(harness.settings.savepoint_dir, "sp")
-    request = other.plane.trigger_savepoint(other.job_id, target, cancel_job=False)
-    [trigger] = [c for _, c in other.commands() if isinstance(c, p.TriggerCheckpoint)]
-    other.ack_all(1, trigger.checkpoint_id)
-    with other.sessions() as s:
-        op = s.get(Operation, request)
-        assert op is not None and op.location is not None
-        location = op.location
+    savepoint, location = other.savepoint("sp")
     harness.start(restart_strategy=NO_DELAY)
     own = harness.trigger_periodic()
     harness.ack_all(1, own)
     harness.commands()
-    assert own == trigger.checkpoint_id  # ids are each job's own: the job has a chk-1 too
+    assert own == savepoint  # ids are each job's own: the job has a chk-1 too
     harness.plane.restore(harness.job_id, None, location)
     [restore] = _restores(harness)
-    assert (restore.checkpoint_id, restore.external_path) == (trigger.checkpoint_id, location)
+    assert (restore.checkpoint_id, restore.external_path) == (savepoint, location)
     # A control plane that restarted before the restore was reported sends the same again.
     harness.new_control_plane()
     harness.commands()
@@ -150,7 +143,7 @@ def test_a_failover_after_a_restore_of_a_savepoint_by_its_path_restores_it_again
     assert (same.new_attempt, same.external_path) == (2, location)
     harness.running(2)
     again = _fail(harness, 2)
-    assert (again.checkpoint_id, again.external_path) == (trigger.checkpoint_id, location)
+    assert (again.checkpoint_id, again.external_path) == (savepoint, location)
 
 
 def test_a_restarted_driver_after_a_restore_gets_that_checkpoint_and_the_history_says_so(
@@ -172,23 +165,12 @@ def test_a_restarted_driver_after_a_restore_gets_that_checkpoint_and_the_history
     assert entry.action == f"restore checkpoint {older}"
 
 
-def _savepoint(h: Harness, name: str) -> tuple[int, str]:
-    target = os.path.join(h.settings.savepoint_dir, name)
-    request = h.plane.trigger_savepoint(h.job_id, target, cancel_job=False)
-    [trigger] = [c for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
-    h.ack_all(1, trigger.checkpoint_id)
-    with h.sessions() as s:
-        op = s.get(Operation, request)
-        assert op is not None and op.location is not None
-        return trigger.checkpoint_id, op.location
-
-
 def test_an_ended_job_run_again_starts_from_its_from_checkpoint(harness: Harness) -> None:
     """``sparkpoint run --job-id J --from-checkpoint SP`` after J ended starts from SP (it
     restored the newest checkpoint and ignored SP before), and fails over to SP until a
     checkpoint completes; run again without one, it continues from its newest checkpoint."""
     harness.start(retained=3, restart_strategy=NO_DELAY)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     newer = harness.trigger_periodic()
     harness.ack_all(1, newer)
     harness.plane.cancel(harness.job_id)

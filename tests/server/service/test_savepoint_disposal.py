@@ -17,20 +17,7 @@ from sparkpoint_server.errors import (
 )
 from sparkpoint_server.service.storage_io import Location
 from sparkpoint_server.storage import savepoints as queries
-from sparkpoint_server.storage.models import Checkpoint, Operation
-
-
-def _savepoint(h: Harness, name: str) -> tuple[int, str]:
-    """A completed savepoint of the job under the server's savepoint directory: its id and
-    its location (a ``file://`` URL)."""
-    target = os.path.join(h.settings.savepoint_dir, name)
-    request = h.plane.trigger_savepoint(h.job_id, target, cancel_job=False)
-    [trigger] = [c for _, c in h.commands() if isinstance(c, p.TriggerCheckpoint)]
-    h.ack_all(1, trigger.checkpoint_id)
-    with h.sessions() as s:
-        op = s.get(Operation, request)
-        assert op is not None and op.status == "COMPLETED" and op.location is not None
-        return trigger.checkpoint_id, op.location
+from sparkpoint_server.storage.models import Checkpoint
 
 
 def _checkpoint(h: Harness) -> int:
@@ -49,7 +36,7 @@ def test_a_savepoint_older_than_the_latest_checkpoint_is_forgotten_and_deleted(
     harness: Harness,
 ) -> None:
     harness.start(retained=1)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     directory = location.removeprefix("file://")
     newer = _checkpoint(harness)
     assert _listed(harness) == [savepoint]
@@ -83,7 +70,7 @@ def test_a_savepoint_older_than_the_latest_checkpoint_is_forgotten_and_deleted(
 def test_what_a_live_job_still_needs_is_refused_and_kept(harness: Harness) -> None:
     harness.start(retained=1)
     checkpoint = _checkpoint(harness)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     directory = location.removeprefix("file://")
     # The newest entry of the store: a failover now would restore it.
     with pytest.raises(ConflictError, match=rf"savepoint {savepoint} .* newest restore point"):
@@ -108,7 +95,7 @@ def test_an_ended_jobs_savepoint_may_go_and_paths_outside_the_roots_may_not(
     harness: Harness, tmp_path: os.PathLike[str]
 ) -> None:
     harness.start(retained=1)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     harness.plane.cancel(harness.job_id)
     harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
     assert harness.plane.dispose_savepoint(location)["checkpoint-id"] == savepoint
@@ -123,7 +110,7 @@ def test_an_ended_jobs_savepoint_may_go_and_paths_outside_the_roots_may_not(
 
 def test_a_known_savepoint_whose_files_went_another_way_is_forgotten(harness: Harness) -> None:
     harness.start(retained=1)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     _checkpoint(harness)
     shutil.rmtree(location.removeprefix("file://"))  # `sparkpoint savepoint dispose --local`
     assert _listed(harness) == [savepoint]
@@ -138,7 +125,7 @@ def test_another_spelling_of_the_path_is_no_way_around_the_refusals(harness: Har
     are checked in the job's store all the same."""
     harness.start(retained=1)
     _checkpoint(harness)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     directory = location.removeprefix("file://")
     link = os.path.join(harness.settings.savepoint_dir, "link")
     os.symlink(directory, link)
@@ -151,7 +138,7 @@ def test_another_spelling_of_the_path_is_no_way_around_the_refusals(harness: Har
 
 def test_a_copy_elsewhere_goes_and_the_jobs_own_savepoint_stays(harness: Harness) -> None:
     harness.start(retained=1)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     _checkpoint(harness)
     copy = os.path.join(harness.settings.savepoint_dir, "copy")
     shutil.copytree(location.removeprefix("file://"), copy)
@@ -167,7 +154,7 @@ def test_a_savepoint_a_restore_reads_is_not_disposed_of_meanwhile(harness: Harne
     """A restore of a savepoint by its path pins nothing in the job's store: the restore
     under way refuses the disposal, and a disposal under way refuses the restore."""
     harness.start(retained=1)
-    _, location = _savepoint(harness, "sp")
+    _, location = harness.savepoint("sp")
     _checkpoint(harness)
     harness.plane.restore(harness.job_id, None, location)
     with pytest.raises(ConflictError, match=rf"job {harness.job_id} is restoring it"):
@@ -184,7 +171,7 @@ def test_the_savepoint_a_new_job_started_from_stays_until_it_has_a_checkpoint(
     """A job started from a savepoint fails over to it until a checkpoint of its own
     completed; a job whose ``--from-checkpoint`` is being disposed of is refused."""
     harness.start(retained=1)
-    savepoint, location = _savepoint(harness, "sp")
+    savepoint, location = harness.savepoint("sp")
     harness.plane.cancel(harness.job_id)
     harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
     late = harness.another_job()
