@@ -206,3 +206,31 @@ def test_the_check_of_a_due_restart_runs_outside_the_lock(
     harness.plane.wait_idle()
     [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
     assert (restore.new_attempt, restore.checkpoint_id) == (2, 2)
+
+
+def test_a_failover_restores_the_origin_by_its_path_when_the_newer_checkpoint_is_damaged(
+    harness: Harness,
+) -> None:
+    """A job started from another job's savepoint completed one checkpoint of its own, whose
+    shared file is lost: the failover restores the savepoint it started from, by its path,
+    rather than fail (nothing else of its line is retained)."""
+    other = harness.another_job()
+    other.start()
+    savepoint, location = other.savepoint("sp")
+    harness.register(from_checkpoint=location, retained=1, restart_strategy=STRATEGY)
+    harness.running(1)
+    harness.commands()
+    [references] = _incremental(harness, 1)
+    os.remove(_file(references[0]))
+    [restore] = [c for _, c in _fail_and_restart(harness) if isinstance(c, p.RestoreJob)]
+    assert (restore.new_attempt, restore.checkpoint_id, restore.external_path) == (
+        2,
+        savepoint,
+        location,
+    )
+    [skipped] = _exceptions(harness, "UNRESTORABLE_CHECKPOINT")
+    assert skipped.action == (
+        f"restored checkpoint {savepoint} at {location} (its origin) instead of the latest "
+        f"(output committed since {savepoint} is produced again)"
+    )
+    assert _job(harness).restart_checkpoint_id is None  # not the store's: nothing pinned
