@@ -136,6 +136,12 @@ def _client_command(ns: argparse.Namespace) -> int:
             if not jobs and not as_json:
                 print(f"no jobs: the control plane at {client.base_url} knows none")
             return 0
+        if ns.command == "checkpoints":
+            from sparkpoint import cli_checkpoints
+
+            shown = cli_checkpoints.show(client, job, ns.id, ns.limit)
+            print(json.dumps(shown) if as_json else "\n".join(cli_checkpoints.lines(job, shown)))
+            return 0
         if ns.command == "cancel":
             client.request("PATCH", f"/jobs/{job}", params={"mode": "cancel"})
             print(
@@ -295,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "trigger a savepoint and wait for its location; `sparkpoint savepoint inspect "
             "PATH` and `... dispose PATH` read and delete one",
         ),
+        (
+            "checkpoints",
+            "a job's checkpoint history; --id N: one checkpoint's subtasks (which acknowledged, "
+            "their phases, why it failed)",
+        ),
         ("stop", "stop a job with a savepoint"),
         ("cancel", "cancel a job"),
         ("restore", "restore a job to a checkpoint or a savepoint"),
@@ -305,6 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd.add_argument("--output", choices=["text", "json"], default="text", help=output_help)
         if name in ("savepoint", "stop"):
             cmd.add_argument("target_directory", nargs="?")
+        if name == "checkpoints":
+            cmd.add_argument("--id", type=int, help="one checkpoint, subtask by subtask")
+            cmd.add_argument(
+                "--limit", type=int, default=20, help="history entries, newest first (20)"
+            )
         if name == "restore":
             which = cmd.add_mutually_exclusive_group(required=True)
             which.add_argument("--checkpoint", type=int, help="a retained checkpoint's id")
@@ -332,7 +348,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _server(ns.host, ns.port)
     if ns.command == "dashboard":
         return _dashboard(ns.host, ns.port, ns.api)
-    if ns.command in ("list", "checkpoint", "savepoint", "stop", "cancel", "restore"):
+    if ns.command in (
+        "list",
+        "checkpoint",
+        "checkpoints",
+        "savepoint",
+        "stop",
+        "cancel",
+        "restore",
+    ):
         return _client_command(ns)
     if ns.command == "token":
         return _token_command(ns)

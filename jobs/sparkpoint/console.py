@@ -92,7 +92,7 @@ class Console:
         if kind == p.CheckpointKind.CHECKPOINT.value and (self.checkpoints - 1) % self.every:
             return
         took = f" in {duration_ms:,.0f} ms" if duration_ms is not None else ""
-        sized = f", {_size(size)}" if size is not None else ""
+        sized = f", {size_text(size)}" if size is not None else ""
         self.line(
             "checkpoint_completed",
             f"{kind} {checkpoint_id} completed{took}{sized} ({self.checkpoints} so far)",
@@ -124,7 +124,8 @@ class Console:
         )
 
 
-def _size(size: int) -> str:
+def size_text(size: int) -> str:
+    """Bytes as people read them: ``812 B``, ``23.7 KiB``, ``1.2 GiB``."""
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":

@@ -6,13 +6,17 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from sparkpoint import protocol as p
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
+from sparkpoint.transport import RedisEventSink, Streams, redis_client
 
+from ..support.acks import bare_ack
 from ..support.waiting import wait_for
-from .control_plane import ROOT, ServerProcess
+from .control_plane import REDIS_URL, ROOT, ServerProcess
 
 
 def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -143,3 +147,71 @@ def test_dispose_goes_through_the_control_plane_when_one_is_set(
     local = _cli(server, "savepoint", "dispose", "--local", kept)
     assert local.returncode == 0 and "no longer lists" not in local.stdout, local.stderr
     assert not Path(kept.removeprefix("file://")).exists()
+
+
+def _in_progress(server: ServerProcess, job_id: str) -> int:
+    with server.api() as api:
+        rid = api.post(f"/jobs/{job_id}/checkpoints").json()["request-id"]
+        assert rid
+
+        def pending() -> int | None:
+            history = api.get(f"/jobs/{job_id}/checkpoints").json()["history"]
+            return next((h["id"] for h in history if h["status"] == "IN_PROGRESS"), None)
+
+        return int(wait_for("a checkpoint in progress", pending))
+
+
+def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: ServerProcess) -> None:
+    """``sparkpoint checkpoints JOB`` and ``--id N`` against a real control plane, the job's
+    acknowledgement and decline sent, signed, as its driver would."""
+    job = "job-chk"
+    server.register_running_job(job)
+    wait_for("job-chk RUNNING", lambda: "RUNNING" in _cli(server, "list").stdout)
+    sink = RedisEventSink(
+        redis_client(REDIS_URL), Streams(prefix=server.prefix), signer=server.signer()
+    )
+    done = _in_progress(server, job)
+    now = int(time.time() * 1000)
+    ack = bare_ack(done, "source", 0, ack_timestamp=now, sync_duration_ms=3.0, state_size=2048)
+    ack = ack.model_copy(update={"async_duration_ms": 41.0, "alignment_duration_ms": 5.0})
+    sink.publish([p.envelope(job, 1, now, ack)])
+    failed = _in_progress(server, job)
+    declined = p.CheckpointDeclined(
+        checkpoint_id=failed, operator_id="source", subtask=0, reason="No space left on device"
+    )
+    sink.publish([p.envelope(job, 1, now, declined)])
+    shown = wait_for(
+        "both in `sparkpoint checkpoints`",
+        lambda: (out := _cli(server, "checkpoints", job)).stdout.count("\n") >= 4 and out,
+    )
+    assert shown.returncode == 0, shown.stderr
+    head, header, *rows = shown.stdout.splitlines()
+    # No tolerable checkpoint failure and no restart strategy: the decline failed the job.
+    assert head == (
+        f"job {job} (pv) FAILED, attempt 1: 2 checkpoints (1 completed, 1 failed, 0 in "
+        "progress), 0 restores"
+    )
+    assert header.split() == [
+        "id", "status", "kind", "attempt", "triggered", "(UTC)", "duration", "size", "acks",
+        "failure",
+    ]  # fmt: skip
+    newest, oldest = (row.split() for row in rows)
+    assert newest[:4] == [str(failed), "FAILED", "checkpoint", "1"]
+    assert "No space left on device" in rows[0] and "0/1" in rows[0]
+    assert oldest[:4] == [str(done), "COMPLETED", "checkpoint", "1"]
+    assert "2.0 KiB" in rows[1] and "1/1" in rows[1]
+    one = _cli(server, "checkpoints", job, "--id", str(failed))
+    assert one.returncode == 0, one.stderr
+    first, *rest = one.stdout.splitlines()
+    assert first.startswith(f"checkpoint {failed} of job {job}: FAILED, attempt 1, ")
+    assert "0/1 subtasks acknowledged" in first
+    assert any(line.startswith("failure: ") and "No space left" in line for line in rest)
+    assert "operator source: 0/1 acknowledged; not acknowledged: subtask 0" in rest
+    [subtask] = [line for line in rest if line.startswith("  0 ")]
+    assert subtask.split()[1] == "pending_or_failed" and "No space left" in subtask
+    completed = _cli(server, "checkpoints", job, "--id", str(done)).stdout
+    assert re.search(r"  0 +completed .* 5 ms +3 ms +41 ms +2\.0 KiB", completed), completed
+    as_json = json.loads(_cli(server, "checkpoints", job, "--output", "json").stdout)
+    assert [h["id"] for h in as_json["checkpoints"]["history"]] == [failed, done]
+    missing = _cli(server, "checkpoints", job, "--id", "99")
+    assert missing.returncode == 1 and "checkpoint 99 of job job-chk not found" in missing.stderr

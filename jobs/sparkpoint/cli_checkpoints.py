@@ -1,0 +1,143 @@
+"""``sparkpoint checkpoints JOB``: a job's checkpoint history in the terminal, from the control
+plane's REST API (Flink's ``/jobs/:jobid/checkpoints``), and with ``--id N`` one checkpoint
+operator by operator and subtask by subtask: which subtasks acknowledged, when, how long
+their phases took, what they held back while aligning; for a checkpoint that failed, its
+reason and the subtasks that never acknowledged (why checkpoint 4127 expired).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sparkpoint.console import size_text
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms:,.0f} ms" if ms < 10_000 else f"{ms / 1000:,.1f} s"
+
+
+def _size(size: int | None) -> str:
+    return "-" if size is None else size_text(size)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Columns as wide as their widest cell, the last one left as it is."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    return [
+        "  ".join(
+            [*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
+    """The job, its counts, the latest restore, and one line per checkpoint, newest first."""
+    counts = stats["counts"]
+    lines = [
+        f"job {job['jid']} ({job['name']}) {job['state']}, attempt {job['attempt']}: "
+        f"{counts['total']} checkpoints ({counts['completed']} completed, {counts['failed']} "
+        f"failed, {counts['in_progress']} in progress), {counts['restored']} restores"
+    ]
+    restored = (stats.get("latest") or {}).get("restored")
+    if restored:
+        what = "savepoint" if restored.get("is_savepoint") else "checkpoint"
+        where = restored.get("external_path") or "inline state"
+        lines.append(
+            f"latest restore: {what} {restored.get('id')} ({where}) at "
+            f"{_time(restored.get('restore_timestamp'))} UTC"
+        )
+    rows = [
+        [
+            str(h["id"]),
+            h["status"],
+            "savepoint" if h["is_savepoint"] else "checkpoint",
+            str(h["attempt"]),
+            _time(h["trigger_timestamp"]),
+            _duration(h["end_to_end_duration"]),
+            _size(h["state_size"]),
+            f"{h['num_acknowledged_subtasks']}/{h['num_subtasks']}",
+            h.get("failure_message") or ("discarded" if h.get("discarded") else ""),
+        ]
+        for h in stats["history"]
+    ]
+    if not rows:
+        return [*lines, "no checkpoint yet"]
+    header = ["id", "status", "kind", "attempt", "triggered (UTC)", "duration", "size", "acks"]
+    return [*lines, *_table([*header, "failure"], rows)]
+
+
+def details_lines(
+    job_id: str, details: dict[str, Any], operators: list[dict[str, Any]]
+) -> list[str]:
+    """One checkpoint: its summary, its failure, then each operator's subtasks."""
+    kind = "savepoint" if details["is_savepoint"] else "checkpoint"
+    took = details["end_to_end_duration"]
+    lines = [
+        f"{kind} {details['id']} of job {job_id}: {details['status']}, attempt "
+        f"{details['attempt']}, triggered {_time(details['trigger_timestamp'])} UTC, "
+        f"{details['num_acknowledged_subtasks']}/{details['num_subtasks']} subtasks "
+        "acknowledged"
+        + (f", {_duration(took)} end to end" if took is not None else "")
+        + f", state {_size(details['state_size'])} ({_size(details['checkpointed_size'])} "
+        "uploaded)"
+    ]
+    if details.get("external_path"):
+        lines.append(f"location: {details['external_path']}")
+    if details.get("failure_message"):
+        lines.append(f"failure: {details['failure_message']}")
+    for op in operators:
+        missing = [str(s["index"]) for s in op["subtasks"] if s["status"] != "completed"]
+        waiting = f"; not acknowledged: subtask {', '.join(missing)}" if missing else ""
+        lines.append(
+            f"operator {op['id']}: {op['num_acknowledged_subtasks']}/{op['num_subtasks']} "
+            f"acknowledged{waiting}"
+        )
+        rows = [
+            [
+                str(s["index"]),
+                s["status"],
+                _time(s["ack_timestamp"]),
+                _duration(s["end_to_end_duration"]),
+                _duration(s["start_delay"]),
+                _duration(s["alignment"].get("duration")),
+                _duration(s["checkpoint"].get("sync")),
+                _duration(s["checkpoint"].get("async")),
+                _size(s["state_size"]),
+                s.get("declined_reason") or "",
+            ]
+            for s in op["subtasks"]
+        ]
+        header = ["  subtask", "status", "acknowledged (UTC)", "end to end", "start delay"]
+        header += ["alignment", "sync", "async", "state", "declined"]
+        rows = [[f"  {r[0]}", *r[1:]] for r in rows]
+        lines += _table(header, rows)
+    return lines
+
+
+def show(client: Any, job_id: str, checkpoint_id: int | None, limit: int) -> dict[str, Any]:
+    """What ``sparkpoint checkpoints`` prints, as the API answered it (``--output json``)."""
+    if checkpoint_id is None:
+        job = client.request("GET", f"/jobs/{job_id}")
+        stats = client.request("GET", f"/jobs/{job_id}/checkpoints", params={"limit": limit})
+        return {"job": job, "checkpoints": stats}
+    base = f"/jobs/{job_id}/checkpoints/details/{checkpoint_id}"
+    details = client.request("GET", base)
+    operators = [client.request("GET", f"{base}/subtasks/{op}") for op in details["tasks"]]
+    return {"details": details, "operators": operators}
+
+
+def lines(job_id: str, shown: dict[str, Any]) -> list[str]:
+    """The text of what :func:`show` fetched."""
+    if "details" in shown:
+        return details_lines(job_id, shown["details"], shown["operators"])
+    return history_lines(shown["job"], shown["checkpoints"])
