@@ -201,12 +201,17 @@ def test_a_driver_lost_after_a_restore_to_an_older_checkpoint_restores_it_again(
             assert not [h for h in completed() if h["id"] > newest["id"]]
             answer = api.patch(f"/jobs/{job_id}/checkpoints/config", json={"interval": 500})
             assert answer.status_code == 200, answer.text
-            _finished(job)
+            output = _finished(job)
             final = api.get(f"/jobs/{job_id}").json()
             assert (final["state"], final["attempt"]) == ("FINISHED", 3)
     finally:
         if job.poll() is None:
             job.kill()
+    # Both drivers said so when the settings changed: the first at the PATCH, the second at
+    # its registration (its command line said 0.5 s); then the PATCH back.
+    changed = "the control plane's checkpoint settings: interval"
+    assert output.count(f"{changed} 600 s") == 2, output
+    assert f"{changed} 0.5 s" in output
     # Every line of a failure-free run once, and, per app, the counts between the restored
     # checkpoint and the newest one committed before the restore again (sinks cannot
     # un-commit); the lines of the lost driver's attempt were never committed.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import suppress
+from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
@@ -313,6 +314,15 @@ class ControlPlaneAuthority(Authority):
             ends = (p.JobStatus.FAILED, p.JobStatus.FINISHED)
             status = command.status if command.status in ends else p.JobStatus.CANCELED
             self._end = (status, command.cause)
+        elif isinstance(command, p.ConfigurationChanged):
+            if job.console is not None:
+                # Informational (the control plane triggers), but whoever reads the console sees
+                # that the settings it started with no longer hold.
+                job.console.line(
+                    "configuration_changed",
+                    f"the control plane's checkpoint settings: {_settings(command.changes)}",
+                    changes=dict(command.changes),
+                )
         elif not self._started:
             return  # nothing but restore and cancel before the first restore
         elif isinstance(command, p.TriggerCheckpoint):
@@ -329,7 +339,6 @@ class ControlPlaneAuthority(Authority):
             self._on_complete(command.checkpoint_id)
         elif isinstance(command, p.NotifyCheckpointAborted):
             self._checkpoints.abort(command.checkpoint_id)
-        # configuration_changed is informational: the control plane triggers.
 
     def _on_complete(self, checkpoint_id: int) -> None:
         """Commit the transactions of a completed checkpoint (ending the job if it is the
@@ -456,3 +465,14 @@ class ControlPlaneAuthority(Authority):
             point, job.graph, allow_non_restored_state=job.options.allow_non_restored_state
         )
         return point, storage
+
+
+def _settings(changes: dict[str, Any]) -> str:
+    """``interval_ms=600000, retained=3`` as ``interval 600 s, retained 3``."""
+    said = []
+    for name, value in sorted(changes.items()):
+        if name.endswith("_ms") and isinstance(value, (int, float)):
+            said.append(f"{name[:-3].replace('_', ' ')} {value / 1000:g} s")
+        else:
+            said.append(f"{name.replace('_', ' ')} {value}")
+    return ", ".join(said)
