@@ -11,6 +11,7 @@ from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.pages.checkpoints import (
     checkpoints_views,
     count_cards,
+    failover_lines,
     history_row,
     history_rows,
     latest_view,
@@ -301,3 +302,37 @@ def test_layout_has_the_header_the_route_and_every_part() -> None:
         ids.CP_MESSAGE,
     } <= found
     assert page.children[0].className == "job-header"
+
+
+def test_failover_lines() -> None:
+    plain = {"id": 12, "is_savepoint": False, "external_path": "x", "origin": None}
+    lines = failover_lines({**plain, "passed_over": []}, JOB)
+    assert _text(lines) == "checkpoint #12"
+    assert _find(lines, dcc.Link)[0].href == f"/jobs/{JOB}/checkpoints/12"
+    rewound = {
+        **plain,
+        "id": 5,
+        "origin": {"id": 5, "external_path": "file:///cp/chk-5", "next_id": 10},
+        "passed_over": [9, 8, 7, 6],
+    }
+    assert _text(failover_lines(rewound, JOB)) == (
+        "checkpoint #5the line since checkpoint #5 (a restore or --from-checkpoint)"
+        "not restored by a failover (a restore went back past them): #9, #8, #7, #6"
+    )
+    by_path = {
+        "id": 3,
+        "is_savepoint": None,
+        "external_path": "file:///sp/savepoint-3",
+        "origin": {"id": 3, "external_path": "file:///sp/savepoint-3", "next_id": 4},
+        "passed_over": [],
+    }
+    assert _text(failover_lines(by_path, JOB)) == (
+        "checkpoint #3 by its path (the checkpoint the job's line started from)"
+        "file:///sp/savepoint-3the line since checkpoint #3 (a restore or --from-checkpoint)"
+    )
+    nothing = {"id": None, "is_savepoint": False, "external_path": None, "origin": None}
+    assert _text(failover_lines({**nothing, "passed_over": []}, JOB)) == (
+        "the beginning (no checkpoint retained yet)"
+    )
+    blocks = latest_view({"failover": {**plain, "passed_over": []}}, JOB, NOW)
+    assert _text(blocks[-1]) == "A failover restorescheckpoint #12"

@@ -61,7 +61,13 @@ SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
     "`first_record_timestamp` (when the job processed its first record after the restore, "
     "the executors' clock), both null until the first epoch after the restore ends, and "
     "`epoch_reported` (whether it has ended: null timings then mean that no keyed state was "
-    "restored).",
+    "restored). `latest.failover` (Sparkpoint's): what a failover restores now: `id`, "
+    "`is_savepoint` and `external_path` of the newest retained checkpoint of the job's line "
+    "(null `id`: the beginning), the line's `origin` (`id`, `external_path`, `next_id`: the "
+    "checkpoint its `--from-checkpoint` or its latest restore request named, and the first id "
+    "after it; null: it started from the beginning and was never restored), and "
+    "`passed_over`: the retained checkpoints a restore went back past, which a failover does "
+    "not restore (a restore request still may).",
     response_model=None,
     responses={**answer(CheckpointStatistics), **errors(404)},
 )

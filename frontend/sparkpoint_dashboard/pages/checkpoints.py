@@ -170,7 +170,32 @@ def latest_view(latest: dict[str, Any], job_id: str, now_ms: int) -> list[html.D
     else:
         blocks.append(_block("Latest savepoint", "none"))
     blocks.append(_block("Latest restore", *restore_lines(restored, job_id, now_ms)))
+    if latest.get("failover") is not None:
+        blocks.append(_block("A failover restores", *failover_lines(latest["failover"], job_id)))
     return blocks
+
+
+def failover_lines(failover: dict[str, Any], job_id: str) -> list[Any]:
+    """What a failover restores now, the line's origin, and what a restore went back past."""
+    origin, target = failover.get("origin"), failover.get("id")
+    lines: list[Any] = []
+    if target is None:
+        lines.append("the beginning (no checkpoint retained yet)")
+    elif failover.get("is_savepoint") is None:  # the origin, not in the job's store: by path
+        lines += [
+            [f"checkpoint #{target} by its path (the checkpoint the job's line started from)"],
+            html.Code(failover.get("external_path") or DASH),
+        ]
+    else:
+        kind = "savepoint" if failover.get("is_savepoint") else "checkpoint"
+        lines.append([f"{kind} ", dcc.Link(f"#{target}", href=checkpoint_path(job_id, target))])
+    if origin is not None:
+        lines.append(f"the line since checkpoint #{origin['id']} (a restore or --from-checkpoint)")
+    passed = failover.get("passed_over") or []
+    if passed:
+        shown = ", ".join(f"#{cid}" for cid in passed[:10]) + (" …" if len(passed) > 10 else "")
+        lines.append(f"not restored by a failover (a restore went back past them): {shown}")
+    return lines
 
 
 def restore_lines(restored: dict[str, Any] | None, job_id: str, now_ms: int) -> list[Any]:

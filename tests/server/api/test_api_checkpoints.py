@@ -139,6 +139,14 @@ def test_checkpoint_statistics_have_flinks_shape(client: TestClient) -> None:
                 "first_record_timestamp": T0 + 5900,
                 "epoch_reported": False,  # no heartbeat of the job's attempt stored here
             },
+            # No restore request and no --from-checkpoint: the newest retained checkpoint.
+            "failover": {
+                "id": 5,
+                "is_savepoint": False,
+                "external_path": "file:///tmp/chk/job-1/chk-5",
+                "origin": None,
+                "passed_over": [],
+            },
         },
         "history": [IN_PROGRESS_6, COMPLETED_5],
     }
@@ -215,7 +223,19 @@ def test_a_job_without_checkpoints_has_empty_statistics(
             "checkpointed_size": empty,
             "alignment_buffered": empty,
         },
-        "latest": {"completed": None, "savepoint": None, "failed": None, "restored": None},
+        "latest": {
+            "completed": None,
+            "savepoint": None,
+            "failed": None,
+            "restored": None,
+            "failover": {  # the beginning
+                "id": None,
+                "is_savepoint": False,
+                "external_path": None,
+                "origin": None,
+                "passed_over": [],
+            },
+        },
         "history": [],
     }
 

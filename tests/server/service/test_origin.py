@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_harness import Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
+from sparkpoint_server.storage.failover_target import failover_target
 from sparkpoint_server.storage.models import Job, JobException, Operation
 
 NO_DELAY = {
@@ -82,6 +84,12 @@ def test_a_restarted_control_plane_still_restores_the_one_it_started_from(
     assert (same.new_attempt, same.checkpoint_id, same.external_path) == (2, cid, url)
 
 
+def _target(h: Harness) -> dict[str, Any]:
+    """``latest.failover`` of ``GET /jobs/{id}/checkpoints``."""
+    with h.sessions() as s:
+        return failover_target(s, h.job_id)
+
+
 def _fail(h: Harness, attempt: int) -> p.RestoreJob:
     """Fail the attempt; the restore that the (immediate) restart sends."""
     h.commands()
@@ -106,6 +114,10 @@ def test_a_failover_after_a_restore_to_an_older_checkpoint_does_not_undo_it(
     [restore] = _restores(harness)
     assert (restore.new_attempt, restore.checkpoint_id) == (2, older)
     harness.running(2)
+    # What the API says a failover restores (read from the rows) is what the engine does.
+    target = _target(harness)
+    assert (target["id"], target["passed_over"]) == (older, [newer])
+    assert target["origin"]["id"] == older
     if restart:
         harness.new_control_plane()
     again = _fail(harness, 2)
@@ -115,6 +127,7 @@ def test_a_failover_after_a_restore_to_an_older_checkpoint_does_not_undo_it(
     harness.ack_all(3, since)
     if restart:
         harness.new_control_plane()
+    assert _target(harness)["id"] == since
     latest = _fail(harness, 3)
     assert latest.checkpoint_id == since > newer
 
@@ -142,6 +155,12 @@ def test_a_failover_after_a_restore_of_a_savepoint_by_its_path_restores_it_again
     [same] = _restores(harness)
     assert (same.new_attempt, same.external_path) == (2, location)
     harness.running(2)
+    target = _target(harness)
+    assert (target["id"], target["external_path"], target["passed_over"]) == (
+        savepoint,
+        location,
+        [own],  # the job's own checkpoint 1: another checkpoint with the savepoint's id
+    )
     again = _fail(harness, 2)
     assert (again.checkpoint_id, again.external_path) == (savepoint, location)
 

@@ -1,0 +1,75 @@
+"""What a failover of a job restores now, read from its rows: ``latest.failover`` of
+``GET /jobs/{job_id}/checkpoints``.
+
+The engine decides with the rule of ``service.failover.candidates``: the newest retained
+checkpoint of the job's line (its origin, the checkpoint its ``--from-checkpoint`` or its latest
+restore request named, or one completed since), else the origin by its path, else the
+beginning. The API process reads the same from the database, so that an operator sees which
+checkpoint a failure would bring the job back to, and which retained checkpoints a restore went
+back past (listed, restorable on request, but not by a failover).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
+
+from sparkpoint_server.service.storage_io import location_of
+from sparkpoint_server.storage.models import Checkpoint as C
+from sparkpoint_server.storage.models import Job as J
+
+_ORIGIN = select(J.origin_checkpoint_id, J.origin_path, J.origin_next_id).where(
+    J.job_id == bindparam("job_id")
+)
+_RETAINED = (
+    select(C.checkpoint_id, C.kind, C.external_path)
+    .where(
+        C.job_id == bindparam("job_id"),
+        C.status == "COMPLETED",
+        C.discarded.is_(False),
+    )
+    .order_by(C.checkpoint_id.desc())
+)
+
+
+def failover_target(session: Session, job_id: str) -> dict[str, Any]:
+    """``id``, ``is_savepoint`` and ``external_path`` of what a failover restores now (``id``
+    null: the beginning), the job's ``origin`` (``id``, ``external_path``, ``next_id``; null:
+    it started from the beginning and was never restored) and ``passed_over``: the retained
+    checkpoints that a failover does not restore, newest first."""
+    origin_row = session.execute(_ORIGIN, {"job_id": job_id}).first()
+    origin = None
+    if origin_row is not None and origin_row.origin_checkpoint_id is not None:
+        origin = {
+            "id": origin_row.origin_checkpoint_id,
+            "external_path": origin_row.origin_path,
+            "next_id": origin_row.origin_next_id,
+        }
+    target: dict[str, Any] | None = None
+    passed_over: list[int] = []
+    for cid, kind, path in session.execute(_RETAINED, {"job_id": job_id}).all():
+        if origin is None or cid >= origin["next_id"] or _is_origin(origin, cid, path):
+            if target is None:
+                target = {"id": cid, "is_savepoint": kind == "savepoint", "external_path": path}
+        else:
+            passed_over.append(cid)
+    if target is None and origin is not None and origin["external_path"]:
+        target = {
+            "id": origin["id"],
+            "is_savepoint": None,
+            "external_path": origin["external_path"],
+        }
+    if target is None:
+        target = {"id": None, "is_savepoint": False, "external_path": None}
+    return {**target, "origin": origin, "passed_over": passed_over}
+
+
+def _is_origin(origin: dict[str, Any], checkpoint_id: int, path: str | None) -> bool:
+    """Whether a retained checkpoint is the origin (the same id at the same place; ids are
+    each job's own, so another job's checkpoint may have the id)."""
+    if checkpoint_id != origin["id"]:
+        return False
+    where = origin["external_path"]
+    return where is None or (path is not None and location_of(path) == location_of(where))
