@@ -48,14 +48,18 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
         f"{counts['total']} checkpoints ({counts['completed']} completed, {counts['failed']} "
         f"failed, {counts['in_progress']} in progress), {counts['restored']} restores"
     ]
-    restored = (stats.get("latest") or {}).get("restored")
+    latest = stats.get("latest") or {}
+    restored = latest.get("restored")
     if restored:
-        what = "savepoint" if restored.get("is_savepoint") else "checkpoint"
-        where = restored.get("external_path") or "inline state"
-        lines.append(
-            f"latest restore: {what} {restored.get('id')} ({where}) at "
-            f"{_time(restored.get('restore_timestamp'))} UTC"
-        )
+        at = f"{_time(restored.get('restore_timestamp'))} UTC"
+        if restored.get("id") is None and not restored.get("external_path"):
+            lines.append(f"latest start: from the beginning at {at}")
+        else:
+            what = "savepoint" if restored.get("is_savepoint") else "checkpoint"
+            where = restored.get("external_path") or "inline state"
+            lines.append(f"latest restore: {what} {restored.get('id')} ({where}) at {at}")
+    if latest.get("failover"):
+        lines.append(f"a failover restores: {failover_text(latest['failover'])}")
     rows = [
         [
             str(h["id"]),
@@ -74,6 +78,21 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
         return [*lines, "no checkpoint yet"]
     header = ["id", "status", "kind", "attempt", "triggered (UTC)", "duration", "size", "acks"]
     return [*lines, *_table([*header, "failure"], rows)]
+
+
+def failover_text(failover: dict[str, Any]) -> str:
+    """``latest.failover`` in a line: the checkpoint, and what a restore went back past."""
+    target = failover.get("id")
+    if target is None:
+        text = "the beginning (no checkpoint retained yet)"
+    elif failover.get("is_savepoint") is None:  # the line's origin, by its path
+        text = f"checkpoint {target} at {failover.get('external_path')} (where its line started)"
+    else:
+        text = f"{'savepoint' if failover.get('is_savepoint') else 'checkpoint'} {target}"
+    passed = failover.get("passed_over") or []
+    if passed:
+        text += f"; not {', '.join(map(str, passed))}: a restore went back past them"
+    return text
 
 
 def details_lines(

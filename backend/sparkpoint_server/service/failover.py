@@ -55,16 +55,16 @@ UNRESTORABLE = "UNRESTORABLE_CHECKPOINT"
 
 def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
     """Under the lock: the retained checkpoints a failover may restore, newest first: those
-    of the job's current line (its origin, and those completed since: not one that a restore
-    went back past), not those whose ``_metadata`` is still being written (a failover takes
-    them back). None left: the failover restores the origin by its path, or the beginning."""
+    of the job's current line (:func:`~.origins.in_line`: not one that a restore went back
+    past), not those whose ``_metadata`` is still being written (a failover takes them back).
+    None left: the failover restores the origin by its path, or the beginning."""
     origin = rt.origin
     own = origins.held(rt, origin.checkpoint_id, origin.path) if origin is not None else None
     kept = (
         cp
         for cp in rt.coordinator.store.all()
         if cp.checkpoint_id not in rt.finalizing
-        and (origin is None or cp.checkpoint_id >= origin.next_id or cp is own)
+        and (origin is None or origins.in_line(origin, own, cp))
     )
     return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
 

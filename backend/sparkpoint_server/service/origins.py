@@ -30,6 +30,18 @@ def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheck
     return cp if storage_io.location_of(cp.external_path) == storage_io.location_of(path) else None
 
 
+def in_line(origin: Origin, own: CompletedCheckpoint | None, cp: CompletedCheckpoint) -> bool:
+    """Whether a retained checkpoint is of the line that starts at ``origin`` (``own``: the
+    origin when the job's store holds it): one completed since, the origin itself, or, when
+    the origin is the job's own, one older than it (a failover falls back to those when the
+    newer ones' files are damaged, as it always did). Not: one completed before the restore
+    that is newer than the origin (the restore went back past it), nor, when the origin is
+    another job's checkpoint or a savepoint read by its path, any completed before it."""
+    if cp.checkpoint_id >= origin.next_id or cp is own:
+        return True
+    return own is not None and cp.checkpoint_id < origin.checkpoint_id
+
+
 def columns(origin: Origin | None) -> dict[str, Any]:
     """The job row's columns of an :class:`Origin`."""
     return {

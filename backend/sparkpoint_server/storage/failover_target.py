@@ -2,11 +2,12 @@
 ``GET /jobs/{job_id}/checkpoints``.
 
 The engine decides with the rule of ``service.failover.candidates``: the newest retained
-checkpoint of the job's line (its origin, the checkpoint its ``--from-checkpoint`` or its latest
-restore request named, or one completed since), else the origin by its path, else the
-beginning. The API process reads the same from the database, so that an operator sees which
-checkpoint a failure would bring the job back to, and which retained checkpoints a restore went
-back past (listed, restorable on request, but not by a failover).
+checkpoint of the job's line (``service.origins.in_line``: its origin, the checkpoint its
+``--from-checkpoint`` or its latest restore request named, or one completed since), else the
+origin by its path, else the beginning. The API process reads the same from the database, so
+that an operator sees which checkpoint a failure would bring the job back to, and which
+retained checkpoints a restore went back past (listed, restorable on request, but not by a
+failover).
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ def failover_target(session: Session, job_id: str) -> dict[str, Any]:
         }
     target: dict[str, Any] | None = None
     passed_over: list[int] = []
-    for cid, kind, path in session.execute(_RETAINED, {"job_id": job_id}).all():
-        if origin is None or cid >= origin["next_id"] or _is_origin(origin, cid, path):
-            if target is None:
-                target = {"id": cid, "is_savepoint": kind == "savepoint", "external_path": path}
-        else:
+    rows = session.execute(_RETAINED, {"job_id": job_id}).all()
+    held = origin is not None and any(_is_origin(origin, cid, path) for cid, _, path in rows)
+    for cid, kind, path in rows:
+        in_line = (
+            origin is None
+            or cid >= origin["next_id"]
+            or _is_origin(origin, cid, path)
+            or (held and cid < origin["id"])
+        )
+        if not in_line:
             passed_over.append(cid)
+        elif target is None:
+            target = {"id": cid, "is_savepoint": kind == "savepoint", "external_path": path}
     if target is None and origin is not None and origin["external_path"]:
         target = {
             "id": origin["id"],

@@ -234,3 +234,25 @@ def test_a_failover_restores_the_origin_by_its_path_when_the_newer_checkpoint_is
         f"(output committed since {savepoint} is produced again)"
     )
     assert _job(harness).restart_checkpoint_id is None  # not the store's: nothing pinned
+
+
+def test_after_a_restore_a_failover_falls_back_past_a_damaged_origin_to_older_ones(
+    harness: Harness,
+) -> None:
+    """Checkpoints older than a restored checkpoint of the job's own stay of its line: when
+    that checkpoint's files are damaged, a failover falls back to them, as it always did, and
+    never to the one the restore went back past."""
+    harness.start(retained=3, restart_strategy=STRATEGY)
+    first, second, _third = _incremental(harness, 3)
+    harness.plane.restore(harness.job_id, 2, None)
+    harness.running(2)
+    harness.commands()
+    [lost] = [f for f in second if f not in first]  # uploaded by checkpoint 2
+    os.remove(_file(lost))
+    harness.send(2, p.TaskFailed(epoch=9, cause="boom"))
+    harness.commands()
+    harness.tick(1000)
+    [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
+    assert (restore.new_attempt, restore.checkpoint_id) == (3, 1)
+    [skipped] = _exceptions(harness, "UNRESTORABLE_CHECKPOINT")
+    assert skipped.cause.startswith("checkpoint 2 cannot be restored: ")
