@@ -182,15 +182,16 @@ def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: Serve
     sink.publish([p.envelope(job, 1, now, declined)])
     shown = wait_for(
         "both in `sparkpoint checkpoints`",
-        lambda: (out := _cli(server, "checkpoints", job)).stdout.count("\n") >= 4 and out,
+        lambda: (out := _cli(server, "checkpoints", job)).stdout.count("\n") >= 5 and out,
     )
     assert shown.returncode == 0, shown.stderr
-    head, header, *rows = shown.stdout.splitlines()
+    head, failover, header, *rows = shown.stdout.splitlines()
     # No tolerable checkpoint failure and no restart strategy: the decline failed the job.
     assert head == (
         f"job {job} (pv) FAILED, attempt 1: 2 checkpoints (1 completed, 1 failed, 0 in "
         "progress), 0 restores"
     )
+    assert failover == f"a failover restores: checkpoint {done}"
     assert header.split() == [
         "id", "status", "kind", "attempt", "triggered", "(UTC)", "duration", "size", "acks",
         "failure",
