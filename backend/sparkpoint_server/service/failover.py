@@ -64,7 +64,12 @@ def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
         cp
         for cp in rt.coordinator.store.all()
         if cp.checkpoint_id not in rt.finalizing
-        and (origin is None or origins.in_line(origin, own, cp))
+        and (
+            origin is None
+            or origins.in_line(
+                origin, cp.checkpoint_id, is_origin=cp is own, origin_held=own is not None
+            )
+        )
     )
     return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
 

@@ -23,23 +23,27 @@ def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheck
     location). Ids are a job's own: another job's checkpoint or savepoint may have one of its
     ids, and restoring by its path must not restore the job's own checkpoint of that id."""
     cp = rt.coordinator.store.get(checkpoint_id)
-    if cp is None or path is None:
-        return cp
-    if cp.external_path is None:
-        return None
-    return cp if storage_io.location_of(cp.external_path) == storage_io.location_of(path) else None
+    return cp if cp is not None and same_place(cp.external_path, path) else None
 
 
-def in_line(origin: Origin, own: CompletedCheckpoint | None, cp: CompletedCheckpoint) -> bool:
-    """Whether a retained checkpoint is of the line that starts at ``origin`` (``own``: the
-    origin when the job's store holds it): one completed since, the origin itself, or, when
-    the origin is the job's own, one older than it (a failover falls back to those when the
-    newer ones' files are damaged, as it always did). Not: one completed before the restore
-    that is newer than the origin (the restore went back past it), nor, when the origin is
-    another job's checkpoint or a savepoint read by its path, any completed before it."""
-    if cp.checkpoint_id >= origin.next_id or cp is own:
+def same_place(path: str | None, where: str | None) -> bool:
+    """Whether a checkpoint at ``path`` (None: inline) is at ``where`` (None: any place)."""
+    if where is None:
         return True
-    return own is not None and cp.checkpoint_id < origin.checkpoint_id
+    return path is not None and storage_io.location_of(path) == storage_io.location_of(where)
+
+
+def in_line(origin: Origin, checkpoint_id: int, *, is_origin: bool, origin_held: bool) -> bool:
+    """Whether a retained checkpoint is of the line that starts at ``origin`` (``is_origin``:
+    it is the origin; ``origin_held``: the job's store holds the origin): one completed since,
+    the origin itself, or, when the origin is the job's own, one older than it (a failover
+    falls back to those when the newer ones' files are damaged, as it always did). Not: one
+    completed before the restore that is newer than the origin (the restore went back past
+    it), nor, when the origin is another job's checkpoint or a savepoint read by its path, any
+    completed before it."""
+    if checkpoint_id >= origin.next_id or is_origin:
+        return True
+    return origin_held and checkpoint_id < origin.checkpoint_id
 
 
 def columns(origin: Origin | None) -> dict[str, Any]:

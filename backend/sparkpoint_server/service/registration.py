@@ -101,7 +101,10 @@ class Registrations:
                 except (ConfigurationError, CheckpointError) as err:
                     _refuse(batch, rt.job_id, rt.attempt, err)
                     return
-            self._restarted_driver(batch, rt, ev, point)
+            if point is not None:
+                self._rerun(batch, rt, ev, point)
+            else:
+                self._restarted_driver(batch, rt, ev)
             return
         # Step 3: a configuration the control plane cannot run is refused, and the job told why.
         try:
@@ -111,13 +114,7 @@ class Registrations:
             return
         self._watch(batch, self.jobs[env.job_id], ev)
 
-    def _restarted_driver(
-        self,
-        batch: Batch,
-        rt: JobRuntime,
-        ev: p.JobRegistered,
-        point: RestorePoint | None = None,
-    ) -> None:
+    def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
         """A new driver process of a known job: fail over (:func:`~.failover.fail_over`),
         with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
 
@@ -125,16 +122,10 @@ class Registrations:
         restart strategy has decided: the new driver gets that restore (now, or from the
         timer when its delay is over), and no second failover is counted.
 
-        ``point``: the job had ended and runs again from its ``--from-checkpoint`` (read
-        before the lock): a new line of checkpoints starts there, as after a restore request.
-        Without one, an ended job that runs again continues from the newest checkpoint of its
-        line (from the beginning, it would commit its output again). A driver that
-        ``sparkpoint run`` restarted passes the same ``--from-checkpoint`` again: only a run
-        without a previous failure starts from it.
+        An ended job that runs again without a ``--from-checkpoint`` comes here too: it
+        continues from the newest checkpoint of its line (from the beginning, it would commit
+        its output again).
         """
-        if point is not None:
-            self._rerun(batch, rt, ev, point)
-            return
         lost, rt.incarnation = rt.driver_lost, ev.incarnation
         _new_driver(batch, rt, ev)
         self._watch(batch, rt, ev)
@@ -165,7 +156,10 @@ class Registrations:
     def _rerun(
         self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered, point: RestorePoint
     ) -> None:
-        """An ended job run again from its ``--from-checkpoint``."""
+        """An ended job run again from its ``--from-checkpoint`` (read before the lock): a new
+        line of checkpoints starts there, as after a restore request. A driver that
+        ``sparkpoint run`` restarted passes the same ``--from-checkpoint`` again: only a run
+        without a previous failure comes here."""
         ended, rt.incarnation = rt.status.value, ev.incarnation
         _new_driver(batch, rt, ev)
         self._watch(batch, rt, ev)

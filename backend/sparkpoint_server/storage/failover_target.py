@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from sparkpoint_server.service.storage_io import location_of
+from sparkpoint_server.coordination.job import Origin
+from sparkpoint_server.service.origins import in_line, same_place
 from sparkpoint_server.storage.models import Checkpoint as C
 from sparkpoint_server.storage.models import Job as J
 
@@ -40,44 +41,32 @@ def failover_target(session: Session, job_id: str) -> dict[str, Any]:
     null: the beginning), the job's ``origin`` (``id``, ``external_path``, ``next_id``; null:
     it started from the beginning and was never restored) and ``passed_over``: the retained
     checkpoints that a failover does not restore, newest first."""
-    origin_row = session.execute(_ORIGIN, {"job_id": job_id}).first()
+    row = session.execute(_ORIGIN, {"job_id": job_id}).first()
     origin = None
-    if origin_row is not None and origin_row.origin_checkpoint_id is not None:
-        origin = {
-            "id": origin_row.origin_checkpoint_id,
-            "external_path": origin_row.origin_path,
-            "next_id": origin_row.origin_next_id,
-        }
+    if row is not None and row.origin_checkpoint_id is not None and row.origin_next_id is not None:
+        origin = Origin(row.origin_checkpoint_id, row.origin_path, row.origin_next_id)
+    rows = session.execute(_RETAINED, {"job_id": job_id}).all()
+
+    def is_origin(cid: int, path: str | None) -> bool:
+        assert origin is not None
+        return cid == origin.checkpoint_id and same_place(path, origin.path)
+
+    held = origin is not None and any(is_origin(cid, path) for cid, _, path in rows)
     target: dict[str, Any] | None = None
     passed_over: list[int] = []
-    rows = session.execute(_RETAINED, {"job_id": job_id}).all()
-    held = origin is not None and any(_is_origin(origin, cid, path) for cid, _, path in rows)
     for cid, kind, path in rows:
-        in_line = (
-            origin is None
-            or cid >= origin["next_id"]
-            or _is_origin(origin, cid, path)
-            or (held and cid < origin["id"])
-        )
-        if not in_line:
+        if origin is not None and not in_line(
+            origin, cid, is_origin=is_origin(cid, path), origin_held=held
+        ):
             passed_over.append(cid)
         elif target is None:
             target = {"id": cid, "is_savepoint": kind == "savepoint", "external_path": path}
-    if target is None and origin is not None and origin["external_path"]:
-        target = {
-            "id": origin["id"],
-            "is_savepoint": None,
-            "external_path": origin["external_path"],
-        }
+    if target is None and origin is not None and origin.path:
+        target = {"id": origin.checkpoint_id, "is_savepoint": None, "external_path": origin.path}
     if target is None:
         target = {"id": None, "is_savepoint": False, "external_path": None}
-    return {**target, "origin": origin, "passed_over": passed_over}
-
-
-def _is_origin(origin: dict[str, Any], checkpoint_id: int, path: str | None) -> bool:
-    """Whether a retained checkpoint is the origin (the same id at the same place; ids are
-    each job's own, so another job's checkpoint may have the id)."""
-    if checkpoint_id != origin["id"]:
-        return False
-    where = origin["external_path"]
-    return where is None or (path is not None and location_of(path) == location_of(where))
+    described = None
+    if origin is not None:
+        described = {"id": origin.checkpoint_id, "external_path": origin.path}
+        described["next_id"] = origin.next_id
+    return {**target, "origin": described, "passed_over": passed_over}
