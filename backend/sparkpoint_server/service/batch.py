@@ -39,6 +39,9 @@ class Batch:
     # Checked before the lock was taken: job id -> the verdicts on the files of the checkpoints
     # a failover of that job may restore (``service.failover``), for drivers registering again.
     failover_verdicts: dict[str, Any] = field(default_factory=dict)
+    # Every job the control plane holds (job id -> runtime): a decision about one job that
+    # another may depend on (retention keeping another job's origin) looks them up here.
+    jobs: dict[str, Any] = field(default_factory=dict)
 
     def command(self, job_id: str, attempt: int, payload: Any) -> None:
         self.commands.append(p.envelope(job_id, attempt, self.now, payload))

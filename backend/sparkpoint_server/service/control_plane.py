@@ -38,10 +38,10 @@ from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
 from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
-from sparkpoint_server.coordination.job import JobRuntime
+from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime
 from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
-from sparkpoint_server.service import completions, disposal, senders, storage_io
+from sparkpoint_server.service import completions, disposal, origins, senders, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
@@ -125,7 +125,7 @@ class ControlPlane:
         """One transaction; then the commands and the deletions (see the module docstring)."""
         with self._lock:
             session = self.sessions()
-            batch = Batch(BatchWriter(session), self.clock.now_ms())
+            batch = Batch(BatchWriter(session), self.clock.now_ms(), jobs=self.jobs)
             try:
                 yield batch
                 d.record_acknowledged(batch)
@@ -357,9 +357,13 @@ class ControlPlane:
         checkpoint failures."""
         with self._lock:
             due = [rt for rt in self.jobs.values() if self._timers_due(rt)]
-            if not due:
+            released = origins.released_pins(self.jobs)
+            if not due and not released:
                 return
             with self.unit() as batch:
+                for rt, cid in released:
+                    batch.touched.add(rt.job_id)
+                    d.unpin(batch, rt, cid, ORIGIN_PIN, drain=False)
                 for rt in due:
                     batch.touched.add(rt.job_id)
                     self._tick_job(batch, rt)

@@ -22,7 +22,13 @@ from sparkpoint.checkpointing.pending import (
     FailoverDecision,
     PendingCheckpoint,
 )
-from sparkpoint_server.coordination.job import RESTORE_PIN, UNCOMMITTED_PIN, JobRuntime, Origin
+from sparkpoint_server.coordination.job import (
+    ORIGIN_PIN,
+    RESTORE_PIN,
+    UNCOMMITTED_PIN,
+    JobRuntime,
+    Origin,
+)
 from sparkpoint_server.service import origins
 from sparkpoint_server.service.batch import Batch
 
@@ -267,6 +273,18 @@ def discard_subsumed(
     writing = any(not entry.taken_back for entry in rt.finalizing.values())
     dropped = rt.coordinator.drain_subsumed() if drain and not writing else []
     for old in [*dropped, *(released or [])]:
+        relying = origins.relied_on(batch.jobs.values(), rt, old)
+        if relying is not None:
+            log.info(
+                "job %s: %s %d kept past retention: job %s started from it and has no "
+                "checkpoint since",
+                rt.job_id,
+                old.kind.value,
+                old.checkpoint_id,
+                relying,
+            )
+            rt.coordinator.store.keep(old, ORIGIN_PIN)
+            continue
         batch.writer.checkpoint(rt.job_id, old.checkpoint_id, discarded=True)
         batch.later(partial(rt.storage.discard, rt.job_id, old.checkpoint_id))
 

@@ -48,7 +48,7 @@ from sparkpoint_server.errors import (
     InvalidRequestError,
     StorageUnavailableError,
 )
-from sparkpoint_server.service import failover as fo
+from sparkpoint_server.service import origins
 from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.storage_io import LOCAL, Location
 from sparkpoint_server.storage.models import Checkpoint, Job
@@ -207,7 +207,7 @@ def _refuse_restores(plane: ControlPlane, places: set[Location]) -> None:
             )
         origin = rt.origin
         restoring = origin is not None and origin.path is not None and _at(origin.path, places)
-        if restoring and not fo.candidates(rt):
+        if restoring and not origins.candidates(rt):
             raise ConflictError(
                 f"job {rt.job_id} restored it and has no checkpoint since: a failover now "
                 "would restore it; dispose of it once one has completed"
@@ -234,7 +234,7 @@ def _forget(plane: ControlPlane, job_id: str, checkpoint_id: int, places: set[Lo
                 f"{name} is retained by the job ({rt.status.value}); the job deletes its "
                 "checkpoints once newer ones subsume them"
             )
-        target = fo.candidates(rt)
+        target = origins.candidates(rt)
         if target and target[0].checkpoint_id == checkpoint_id:
             raise ConflictError(
                 f"{name} is its newest restore point: a failover now would restore it; "

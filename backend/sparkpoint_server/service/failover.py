@@ -53,30 +53,9 @@ Verdicts = dict[int, str | None]
 UNRESTORABLE = "UNRESTORABLE_CHECKPOINT"
 
 
-def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
-    """Under the lock: the retained checkpoints a failover may restore, newest first: those
-    of the job's current line (:func:`~.origins.in_line`: not one that a restore went back
-    past), not those whose ``_metadata`` is still being written (a failover takes them back).
-    None left: the failover restores the origin by its path, or the beginning."""
-    origin = rt.origin
-    own = origins.held(rt, origin.checkpoint_id, origin.path) if origin is not None else None
-    kept = (
-        cp
-        for cp in rt.coordinator.store.all()
-        if cp.checkpoint_id not in rt.finalizing
-        and (
-            origin is None
-            or origins.in_line(
-                origin, cp.checkpoint_id, is_origin=cp is own, origin_held=own is not None
-            )
-        )
-    )
-    return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
-
-
 def target_name(rt: JobRuntime) -> str:
     """Under the lock: what a failover restores now (unless its files fail the check)."""
-    kept = candidates(rt)
+    kept = origins.candidates(rt)
     if kept:
         return f"{kept[0].kind.value} {kept[0].checkpoint_id}"
     if rt.origin is not None and rt.origin.path is not None:
@@ -118,7 +97,7 @@ def check_registrations(
         if rt is None or rt.incarnation == m.payload.incarnation:
             continue  # a new job, or a duplicate registration: no failover
         with plane.lock:
-            checkpoints = candidates(rt)
+            checkpoints = origins.candidates(rt)
         what = f"job {job_id}: checking the retained checkpoints' files"
         try:
             verdicts[job_id] = storage_io.call(
@@ -168,7 +147,7 @@ class FailoverCheck:
         """Under the lock: start checking the checkpoints of ``rt``'s due restart."""
         assert rt.restart_due_at is not None
         what = f"job {rt.job_id}: checking the retained checkpoints' files"
-        future = storage_io.start(what, timeout_s, verify, candidates(rt), rt.storage)
+        future = storage_io.start(what, timeout_s, verify, origins.candidates(rt), rt.storage)
         return cls(rt.restart_due_at, rt.attempt, future)
 
     def verdicts(self) -> Verdicts:
@@ -239,7 +218,7 @@ def fail_over(batch: Batch, rt: JobRuntime, cause: str, verdicts: Verdicts) -> N
 def _choose(rt: JobRuntime, verdicts: Verdicts) -> tuple[CompletedCheckpoint | None, list[str]]:
     """The newest candidate without a refusal, and the refusals of newer ones."""
     skipped: list[str] = []
-    for cp in candidates(rt):
+    for cp in origins.candidates(rt):
         why = verdicts.get(cp.checkpoint_id)
         if why is None:
             return cp, skipped

@@ -2,19 +2,20 @@
 :class:`~sparkpoint_server.coordination.job.Origin`), and which retained checkpoint is the one at
 a path.
 
-A failover restores the newest checkpoint of the line (``service.failover.candidates``); a
+A failover restores the newest checkpoint of the line (:func:`candidates`); a
 checkpoint named by its path is the store's only when it is at that path, since checkpoint ids
 are each job's own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.runtime.recovery import RestorePoint
-from sparkpoint_server.coordination.job import JobRuntime, Origin
+from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime, Origin
 from sparkpoint_server.service import storage_io
 
 
@@ -44,6 +45,59 @@ def in_line(origin: Origin, checkpoint_id: int, *, is_origin: bool, origin_held:
     if checkpoint_id >= origin.next_id or is_origin:
         return True
     return origin_held and checkpoint_id < origin.checkpoint_id
+
+
+def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
+    """Under the lock: the retained checkpoints a failover may restore, newest first: those
+    of the job's current line (:func:`~.origins.in_line`: not one that a restore went back
+    past), not those whose ``_metadata`` is still being written (a failover takes them back).
+    None left: the failover restores the origin by its path, or the beginning."""
+    origin = rt.origin
+    own = held(rt, origin.checkpoint_id, origin.path) if origin is not None else None
+    kept = (
+        cp
+        for cp in rt.coordinator.store.all()
+        if cp.checkpoint_id not in rt.finalizing
+        and (
+            origin is None
+            or in_line(origin, cp.checkpoint_id, is_origin=cp is own, origin_held=own is not None)
+        )
+    )
+    return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
+
+
+def relied_on(jobs: Iterable[JobRuntime], owner: JobRuntime, cp: CompletedCheckpoint) -> str | None:
+    """Under the lock: the id of a live job other than ``owner`` whose failover would restore
+    ``owner``'s checkpoint ``cp`` by its path (the job started from it, or restored it, and
+    has no checkpoint of its line since), or None. Retention keeps such a checkpoint pinned
+    (:data:`ORIGIN_PIN`) instead of deleting it; Flink's restore mode NO_CLAIM leaves it to
+    its owner, whose retention may delete it before the new job's first checkpoint."""
+    if cp.external_path is None:
+        return None
+    for rt in jobs:
+        origin = rt.origin
+        if (
+            rt is not owner
+            and rt.active
+            and origin is not None
+            and origin.path is not None
+            and same_place(cp.external_path, origin.path)
+            and not candidates(rt)
+        ):
+            return rt.job_id
+    return None
+
+
+def released_pins(jobs: dict[str, JobRuntime]) -> list[tuple[JobRuntime, int]]:
+    """Under the lock: the checkpoints kept for another job's origin that no live job needs
+    any more (it completed a checkpoint, restored another or ended): unpin and delete them."""
+    return [
+        (rt, cp.checkpoint_id)
+        for rt in jobs.values()
+        for cp in rt.coordinator.store.subsumed_pinned()
+        if ORIGIN_PIN in rt.coordinator.store.pins(cp.checkpoint_id)
+        and relied_on(jobs.values(), rt, cp) is None
+    ]
 
 
 def columns(origin: Origin | None) -> dict[str, Any]:

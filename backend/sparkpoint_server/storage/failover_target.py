@@ -1,7 +1,7 @@
 """What a failover of a job restores now, read from its rows: ``latest.failover`` of
 ``GET /jobs/{job_id}/checkpoints``.
 
-The engine decides with the rule of ``service.failover.candidates``: the newest retained
+The engine decides with the rule of ``service.origins.candidates``: the newest retained
 checkpoint of the job's line (``service.origins.in_line``: its origin, the checkpoint its
 ``--from-checkpoint`` or its latest restore request named, or one completed since), else the
 origin by its path, else the beginning. The API process reads the same from the database, so

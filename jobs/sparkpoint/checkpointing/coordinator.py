@@ -368,19 +368,24 @@ class CheckpointCoordinator:
         """Rebuild the state of a host that restarted (the control plane) from its records.
 
         Steps: (1) completed checkpoints enter the store in id order (retention replays),
-        (2) pins come back, (3) failures since the last completion replay through the failure
-        manager, (4) pending checkpoints come back with their acknowledgements, (5) the
-        periodic and pause clocks continue from the recorded wall-clock times.
+        (2) each one's pins come back as it enters, (3) failures since the last completion
+        replay through the failure manager, (4) pending checkpoints come back with their
+        acknowledgements, (5) the periodic and pause clocks continue from the recorded
+        wall-clock times.
         """
-        # Step 1
+        # Steps 1 and 2: a checkpoint's pins come back as it enters, before a later one can
+        # subsume it. What the replay subsumes and no pin holds was kept past retention
+        # (another job's origin, whose pin is the host's to give again): the next drain
+        # hands it to the host, which keeps it or deletes it.
+        why_pinned: dict[int, list[str]] = {}
+        for checkpoint_id, why in pins:
+            why_pinned.setdefault(checkpoint_id, []).append(why)
         for cp in sorted(completed, key=lambda c: c.checkpoint_id):
-            self.store.add(cp)
+            self._subsumed.extend((None, old) for old in self.store.add(cp))
+            for why in why_pinned.get(cp.checkpoint_id, ()):
+                self.store.pin(cp.checkpoint_id, why)
             self._completed_ids.add(cp.checkpoint_id)
             self.failure_manager.handle_success(cp.checkpoint_id)
-        # Step 2
-        for checkpoint_id, why in pins:
-            if checkpoint_id in self.store:
-                self.store.pin(checkpoint_id, why)
         # Step 3
         for f in sorted(failed, key=lambda c: c.checkpoint_id):
             self._report_failure(f)

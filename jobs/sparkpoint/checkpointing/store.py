@@ -109,6 +109,15 @@ class CompletedCheckpointStore:
         released = self._subsumed_pinned.pop(checkpoint_id, None)
         return [released] if released is not None else []
 
+    def keep(self, checkpoint: CompletedCheckpoint, why: str) -> None:
+        """Hold a checkpoint that retention subsumed and handed out, pinned for ``why`` (the
+        host found that something else still needs its state): :meth:`unpin` releases it."""
+        cid = checkpoint.checkpoint_id
+        if cid in self._checkpoints or cid in self._subsumed_pinned:
+            raise CheckpointError(f"checkpoint {cid} is already in the completed-checkpoint store")
+        self._subsumed_pinned[cid] = checkpoint
+        self._pins.setdefault(cid, set()).add(why)
+
     def pins(self, checkpoint_id: int) -> frozenset[str]:
         """Why a checkpoint is pinned (empty when it is not)."""
         return frozenset(self._pins.get(checkpoint_id, ()))

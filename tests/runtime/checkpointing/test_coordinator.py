@@ -391,3 +391,22 @@ def test_finalize_failure_takes_back_the_completion_and_what_it_subsumed() -> No
     assert [cp.checkpoint_id for cp in coord.store.all()] == [1]
     assert coord.drain_subsumed() == []
     assert coord.acknowledge(1, ack(2, "pv", 0)) == AckResult(discarded=True)
+
+
+def test_recover_pins_each_checkpoint_as_it_enters_and_hands_out_the_rest() -> None:
+    """Retention replays on recovery: a pinned checkpoint older than the retained ones stays
+    held (its sinks have not committed); one that nothing pins any more (kept past retention
+    for a reason that ended with the host) goes to the next drain."""
+    done, _ = make(retained=1)
+    complete(done, 1, 2, 3)
+    completed = [*done.store.all(), *done.drain_subsumed()]
+    coord, _ = make(retained=1)
+    coord.recover(
+        completed=sorted(completed, key=lambda c: c.checkpoint_id),
+        failed=[],
+        pending=[],
+        pins=[(1, "uncommitted sink transactions")],
+    )
+    assert [c.checkpoint_id for c in coord.store.all()] == [3]
+    assert [c.checkpoint_id for c in coord.store.subsumed_pinned()] == [1]
+    assert [c.checkpoint_id for c in coord.drain_subsumed()] == [2]

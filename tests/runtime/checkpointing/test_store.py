@@ -206,3 +206,16 @@ def test_format_subtasks_names_ten_then_counts_the_rest() -> None:
     keys = [("pv", i) for i in range(12)]
     assert format_subtasks(keys[:2]) == "pv[0], pv[1]"
     assert format_subtasks(keys).endswith("pv[8], pv[9] and 2 more")
+
+
+def test_keep_holds_a_checkpoint_retention_handed_out_until_its_pin_is_released() -> None:
+    store = CompletedCheckpointStore(retained=1)
+    store.add(cp(1))
+    [dropped] = store.add(cp(2))
+    store.keep(dropped, "another job's origin")
+    assert ids(store.all()) == [2] and ids(store.subsumed_pinned()) == [1]
+    assert store.get(1) is dropped
+    with pytest.raises(CheckpointError, match="already in the completed-checkpoint store"):
+        store.keep(dropped, "again")
+    assert ids(store.unpin(1, "another job's origin")) == [1]
+    assert store.get(1) is None

@@ -1,0 +1,131 @@
+"""A job started from another job's checkpoint (``--from-checkpoint`` of a running job's
+``chk-N``) restores it by its path when it fails before its first checkpoint. The owner's
+retention must not delete it meanwhile: the failover would find no files and the job would fail
+instead of restarting. The control plane keeps it pinned past retention until the new job has a
+checkpoint of its own, restored another, or ended; then it goes as retention meant it to.
+Flink's restore mode NO_CLAIM leaves such a checkpoint to its owner; one control plane for
+every job can do better."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from service_harness import Harness
+from sqlalchemy import select
+
+from sparkpoint import protocol as p
+from sparkpoint_server.storage.models import Checkpoint
+
+NO_DELAY = {
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.attempts": 5,
+    "restart-strategy.fixed-delay.delay": "0 s",
+}
+
+
+def _metadata(url: str) -> str:
+    return url.removeprefix("file://") + "/_metadata"
+
+
+def _discarded(h: Harness, checkpoint_id: int) -> bool:
+    with h.sessions() as s:
+        row = s.scalars(
+            select(Checkpoint).where(
+                Checkpoint.job_id == h.job_id, Checkpoint.checkpoint_id == checkpoint_id
+            )
+        ).one()
+        return row.discarded
+
+
+def _checkpoint(h: Harness, attempt: int = 1) -> int:
+    """The job's next periodic checkpoint, completed."""
+    cid = h.trigger_periodic(attempt)
+    h.ack_all(attempt, cid)
+    return cid
+
+
+def _started_from(owner: Harness) -> tuple[Harness, int, str]:
+    """The owner completes a checkpoint; a second job on the same control plane registers
+    from it by its path (no periodic checkpoints of its own) and runs."""
+    owner.start()
+    cid = _checkpoint(owner)
+    url = "file://" + os.path.join(owner.checkpoint_dir, owner.job_id, f"chk-{cid}")
+    other = owner.another_job()
+    other.register(
+        incarnation="driver-9", from_checkpoint=url, restart_strategy=NO_DELAY, interval_ms=0
+    )
+    other.running(1)
+    other.commands()
+    return other, cid, url
+
+
+def _fail(h: Harness, attempt: int) -> p.RestoreJob:
+    h.commands()
+    h.send(attempt, p.TaskFailed(epoch=9, cause=f"boom in attempt {attempt}"))
+    h.tick(1000)  # past the restart delay
+    h.tick()  # the failover check of its files ended: the restart
+    [restore] = [c for _, c in h.commands() if isinstance(c, p.RestoreJob)]
+    return restore
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["", "control-plane-restart"])
+def test_retention_keeps_the_checkpoint_another_job_started_from_until_it_has_its_own(
+    harness: Harness, restart: bool
+) -> None:
+    other, cid, url = _started_from(harness)
+    # The owner (retained: 1) completes two more: retention drops the one the other started
+    # from, and keeps its files and its row.
+    newer = [_checkpoint(harness), _checkpoint(harness)]
+    assert os.path.isfile(_metadata(url))
+    assert not _discarded(harness, cid)
+    assert os.path.isdir(_metadata(url.replace(f"chk-{cid}", f"chk-{newer[0]}"))) is False
+    assert _discarded(harness, newer[0])
+    if restart:
+        # The pin lives in memory: a restarted control plane finds the row it kept, and the
+        # owner's next completion keeps it again.
+        other.new_control_plane()
+        harness.cp = other.cp
+        harness.commands()
+        other.commands()
+        _checkpoint(harness)
+        assert os.path.isfile(_metadata(url)) and not _discarded(harness, cid)
+    # The other job fails before a checkpoint of its own: it restores the kept one.
+    restore = _fail(other, 1)
+    assert (restore.new_attempt, restore.checkpoint_id, restore.external_path) == (2, cid, url)
+    other.running(2)
+    harness.tick()
+    assert os.path.isfile(_metadata(url)), "released while the other job still needs it"
+    # Its first checkpoint: the owner's retention may now have it.
+    own = other.plane.trigger_checkpoint(other.job_id)
+    [trigger] = [c for _, c in other.commands() if isinstance(c, p.TriggerCheckpoint)]
+    other.ack_all(2, trigger.checkpoint_id)
+    assert own
+    harness.tick()
+    assert not os.path.exists(_metadata(url))
+    assert _discarded(harness, cid)
+    # The owner's own failover is what it was: its newest checkpoint.
+    restore = _fail(harness, 1)
+    assert restore.checkpoint_id == max(newer) + (1 if restart else 0)
+
+
+def test_the_kept_checkpoint_goes_when_the_job_that_started_from_it_ends(
+    harness: Harness,
+) -> None:
+    other, cid, url = _started_from(harness)
+    _checkpoint(harness)
+    assert os.path.isfile(_metadata(url))
+    other.plane.cancel(other.job_id)
+    other.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    harness.tick()
+    assert not os.path.exists(_metadata(url))
+    assert _discarded(harness, cid)
+
+
+def test_a_checkpoint_nobody_started_from_goes_at_once(harness: Harness) -> None:
+    harness.start()
+    first = _checkpoint(harness)
+    url = "file://" + os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{first}")
+    _checkpoint(harness)
+    assert not os.path.exists(_metadata(url))
+    assert _discarded(harness, first)
