@@ -220,3 +220,7 @@ class SinkTransactionModel(ProtocolModel):
     records: Size = 0
     bytes: Size = 0
     sink: str | None = None  # the sink's uid; None: the only sink of the acknowledging vertex
+    # Where the sink pre-committed it (a file sink's directory or URL): a job restored from
+    # another job's checkpoint commits it there. None: the sink does not say, or a checkpoint
+    # from before sinks named it; committed where the restoring job's sink writes.
+    location: str | None = None

@@ -90,3 +90,35 @@ def test_a_job_running_beside_one_that_restores_commits_its_output_exactly(
     expected = expected_every_lines()
     assert line_counts(out) == expected + expected
     assert hidden_files(out) == []
+
+
+def test_a_job_started_from_another_jobs_checkpoint_into_its_own_output_commits_it_there(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A fork into another directory: the restored checkpoint's pre-committed transactions
+    are job A's, written into A's output; B commits them there (as Flink's file sink commits
+    the pending files its committables name), and writes what follows into its own. Before,
+    B looked for A's parts in its own directory and failed every restore."""
+    out_a, out_b = str(tmp_path / "out-a"), str(tmp_path / "out-b")
+    with pytest.raises(JobFailedError, match="injected failure"):
+        run_pv(
+            spark,
+            tmp_path,
+            "fork-a",
+            out=out_a,
+            restart="none",
+            failure=FailureInjection("before_commit", checkpoint_id=3),
+        )
+    pre_committed = hidden_files(out_a)
+    assert pre_committed  # checkpoint 3's parts, and the open transactions' parts
+    chk3 = tmp_path / "fork-a" / "chk" / "pv-fork-a" / "chk-3"
+    b, _ = run_pv(
+        spark, tmp_path, "fork-b", out=out_b, from_checkpoint=f"file://{chk3}", failure=B_FAILURE
+    )
+    assert b.status is JobStatus.FINISHED
+    # Its failure came before a checkpoint of its own: it restored A's checkpoint 3 again.
+    assert (b.attempt, b.restores) == (2, [3])
+    # A's output up to checkpoint 3 and B's after it: one failure-free run's lines.
+    assert line_counts(out_a) + line_counts(out_b) == expected_every_lines()
+    assert set(hidden_files(out_a)) < set(pre_committed)  # checkpoint 3's parts went public
+    assert hidden_files(out_b) == []

@@ -106,6 +106,7 @@ class _ObjectStoreWriter(SinkWriter):
             parts=list(txn.parts),
             records=txn.records,
             bytes=txn.bytes,
+            location=self._sink.location,
         )
         self._txn = self._begin()
         return sealed
@@ -161,6 +162,15 @@ class ObjectStoreFileSink(FileSink):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fs": None}
+
+    def at(self, location: str) -> FileSink | None:
+        """The sink of another output, with this one's store options when on its protocol."""
+        if split_protocol(location)[0] != self.protocol:
+            return super().at(location)
+        try:
+            return ObjectStoreFileSink(location, self.formatter, self.storage_options)
+        except ConfigurationError:  # a store this job cannot write to
+            return None
 
     def __repr__(self) -> str:
         return f"ObjectStoreFileSink({self.directory!r})"

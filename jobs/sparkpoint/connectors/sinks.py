@@ -17,6 +17,8 @@ touch each other's transactions. As Flink's ``TwoPhaseCommitSinkFunction`` and `
   job wrote them: that checkpoint completed, so their output is decided, and both commits are
   idempotent, also when the original job commits them at the same time (a rename that finds
   its part renamed already; the SQL commit log's key);
+- a file sink's transaction names its output (``location``): a fork into another directory
+  commits the restored checkpoint's transactions in the original's, where their parts are;
 - a restore aborts only what this job wrote (:func:`written_by`), never another job's parts:
   not the restored job's open transaction either (the original may still pre-commit it). Parts
   that a job that will never run again left uncommitted stay hidden, out of the output.
@@ -146,6 +148,21 @@ class TwoPhaseCommitSink(abc.ABC):
     def commit(self, uid: str, transaction: SinkTransactionModel) -> int:
         """Make a pre-committed transaction visible. Idempotent. Returns parts committed now."""
 
+    @property
+    def location(self) -> str | None:
+        """Where this sink pre-commits its transactions (its output), written into each one
+        (``SinkTransactionModel.location``); None: the sink does not say, and a restore
+        commits every transaction where this sink writes."""
+        return None
+
+    def at(self, location: str) -> TwoPhaseCommitSink | None:
+        """A sink like this one that commits transactions pre-committed at ``location``: a
+        job restored from another job's checkpoint into another output commits the
+        checkpoint's transactions where that job wrote them (Flink's file sink commits the
+        pending files its committables name). None: it cannot reach ``location`` (the
+        restoring job commits at its own output, as for a transaction that names none)."""
+        return None
+
     @abc.abstractmethod
     def abort_uncommitted(
         self,
@@ -249,6 +266,7 @@ class _FileSinkWriter(SinkWriter):
             parts=list(txn.parts),
             records=txn.records,
             bytes=txn.bytes,
+            location=self._sink.location,
         )
         self._txn = self._begin()
         return sealed
@@ -288,6 +306,19 @@ class FileSink(TwoPhaseCommitSink):
     def writer(self, ctx: WriterContext, open_txn: OpenTransaction | None) -> SinkWriter:
         os.makedirs(self.directory, exist_ok=True)
         return _FileSinkWriter(self, ctx, open_txn)
+
+    @property
+    def location(self) -> str:
+        return self.directory
+
+    def at(self, location: str) -> FileSink | None:
+        """The file sink of another output directory (or object-store URL), when it exists."""
+        if "://" not in location and not os.path.isdir(location):
+            return None
+        try:
+            return FileSink(location, self.formatter)
+        except ConfigurationError:  # a store this job cannot write to
+            return None
 
     @staticmethod
     def committed_name(part: str) -> str:

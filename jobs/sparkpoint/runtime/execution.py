@@ -18,6 +18,7 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.clock import Clock
+from sparkpoint.connectors.sinks import TwoPhaseCommitSink
 from sparkpoint.console import Console
 from sparkpoint.errors import ConfigurationError, InjectedFailure
 from sparkpoint.events import EventSink
@@ -78,6 +79,9 @@ class JobExecution:
         self.spark: SparkApplication | None = None  # set once Spark is up; RUNNING reports it
         self._restored_ms: int | None = None  # when the latest restore ran; None: swept since
         self.console: Console | None = None  # what the user sees; the driver sets it
+        # (sink uid, another output) -> the sink that commits there (None: unreachable):
+        # transactions of another job's checkpoint that this job restored.
+        self._other_outputs: dict[tuple[str, str], TwoPhaseCommitSink | None] = {}
         self.executors: list[p.ExecutorModel] | None = None  # the heartbeat reports them
 
     # ------------------------------------------------------------------ events
@@ -265,8 +269,18 @@ class JobExecution:
         return found[0]
 
     def _commit_txn(self, ack: p.SnapshotCompleted, txn: p.SinkTransactionModel) -> None:
+        """Commit ``txn`` where it was pre-committed: a transaction of a checkpoint that this
+        job restored may come from another output (another job's, this job's before its
+        output moved); it is committed there when this job reaches it, else, as always, at
+        this job's sink."""
         node = self._sink_node(ack, txn)
-        node.sink.commit(node.uid, txn)
+        sink = node.sink
+        if txn.location is not None and txn.location != sink.location:
+            key = (node.uid, txn.location)
+            if key not in self._other_outputs:
+                self._other_outputs[key] = sink.at(txn.location)
+            sink = self._other_outputs[key] or sink
+        sink.commit(node.uid, txn)
 
     def _sweep_earlier_attempts(self) -> None:
         """Abort the parts that tasks of earlier attempts wrote after the restore aborted theirs.

@@ -167,3 +167,20 @@ def test_an_output_the_job_cannot_write_is_refused_on_the_driver(s3: S3Bucket) -
         FileSink("s3://Not_A_Bucket!/out")
     FileSink(s3.url("out"))
     assert s3.fs().find(s3.name) == []  # the probe object is gone again
+
+
+def test_a_transaction_names_its_output_and_a_sink_elsewhere_reaches_it(
+    s3: S3Bucket,  # noqa: F811
+) -> None:
+    """A fork into another output commits the restored transactions where they were
+    pre-committed (``at``), with its own store options."""
+    original, fork = FileSink(s3.url("out-a")), FileSink(s3.url("out-b"))
+    restored = _write(original, [{"a": "decided"}])
+    assert restored.location == original.location == s3.url("out-a")
+    there = fork.at(restored.location)
+    assert isinstance(there, ObjectStoreFileSink) and there.location == original.location
+    assert there.storage_options == fork.storage_options
+    assert there.commit("sink", restored) == 1
+    assert original.committed_lines() == ['{"a": "decided"}']
+    assert fork.committed_lines() == []
+    assert fork.at("s3://Not_A_Bucket!/out") is None

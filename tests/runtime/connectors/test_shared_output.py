@@ -129,3 +129,19 @@ def test_job_tags_are_unambiguous_and_keep_a_default_job_id_whole() -> None:
     assert written_by(JOB_A, "my-sink", part)
     assert not written_by(JOB_B, "my-sink", part)
     assert not written_by(JOB_A, "my", part)  # a uid that is a prefix of another
+
+
+def test_a_file_transaction_names_its_directory_and_another_file_sink_commits_it_there(
+    tmp_path: Path,
+) -> None:
+    original, fork = FileSink(str(tmp_path / "a")), FileSink(str(tmp_path / "b"))
+    writer = original.writer(_ctx(JOB_A, 0), None)
+    writer.write(_rows("a", 1))
+    txn = writer.pre_commit(1)
+    assert txn.location == original.directory == str(tmp_path / "a")
+    there = fork.at(txn.location)
+    assert there is not None and there.directory == original.directory
+    assert there.commit("sink", txn) == 1
+    assert committed_lines(original.directory) == ['{"app_id": "a", "pv": 1}']
+    assert committed_lines(fork.directory) == []
+    assert fork.at(str(tmp_path / "gone")) is None  # the restoring job commits at its own
