@@ -357,7 +357,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cancel",
         "restore",
     ):
-        return _client_command(ns)
+        try:
+            return _client_command(ns)
+        except BrokenPipeError:  # | head: the reader has what it wanted
+            # Python flushes stdout again at exit; pointing it at /dev/null keeps that quiet.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     if ns.command == "token":
         return _token_command(ns)
     parser.error(f"unknown command {ns.command}")

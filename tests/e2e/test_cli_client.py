@@ -216,3 +216,17 @@ def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: Serve
     assert [h["id"] for h in as_json["checkpoints"]["history"]] == [failed, done]
     missing = _cli(server, "checkpoints", job, "--id", "99")
     assert missing.returncode == 1 and "checkpoint 99 of job job-chk not found" in missing.stderr
+    # Piped into a reader that stops early (| head -1; here one that reads nothing, so that
+    # the write always finds the pipe closed): no traceback, exit 0.
+    env = {**server.env(), "SPARKPOINT_API_URL": server.url}
+    cli = str(Path(sys.executable).with_name("sparkpoint"))
+    piped = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {cli} checkpoints {job} | true"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (piped.returncode, piped.stderr) == (0, ""), piped.stderr
