@@ -60,6 +60,11 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
             lines.append(f"latest restore: {what} {restored.get('id')} ({where}) at {at}")
     if latest.get("failover"):
         lines.append(f"a failover restores: {failover_text(latest['failover'])}")
+    for kept in latest.get("origin_of") or []:
+        lines.append(
+            f"kept past retention: checkpoint {kept['id']}: job(s) {', '.join(kept['jobs'])} "
+            "started from it and would restore it in a failover"
+        )
     rows = [
         [
             str(h["id"]),

@@ -67,7 +67,10 @@ SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
     "checkpoint its `--from-checkpoint` or its latest restore request named, and the first id "
     "after it; null: it started from the beginning and was never restored), and "
     "`passed_over`: the retained checkpoints a restore went back past, which a failover does "
-    "not restore (a restore request still may).",
+    "not restore (a restore request still may). `latest.origin_of` (Sparkpoint's): the "
+    "job's retained checkpoints that another live job started from (or restored by its path) "
+    "and would restore in a failover, having no checkpoint since, oldest first: `id`, "
+    "`external_path` and those `jobs`; retention keeps them past `retained` until then.",
     response_model=None,
     responses={**answer(CheckpointStatistics), **errors(404)},
 )

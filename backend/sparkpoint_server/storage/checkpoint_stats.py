@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from sparkpoint.protocol import spark_job_group
 from sparkpoint_server.errors import CheckpointNotFoundError, JobNotFoundError
 from sparkpoint_server.storage.checkpoint_summary import CheckpointSummaries, min_max_avg
-from sparkpoint_server.storage.failover_target import failover_target
+from sparkpoint_server.storage.failover_target import failover_target, origin_of
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Heartbeat, Job
 
 C = Checkpoint.__table__.c
@@ -185,6 +185,7 @@ def checkpoint_statistics(
             "failed": failed,
             "restored": restored,
             "failover": failover_target(session, job_id),
+            "origin_of": origin_of(session, job_id),
         },
         "history": [_entry(row, job.name) for row in history_rows],
     }

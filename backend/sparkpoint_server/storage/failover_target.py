@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from sparkpoint_server.coordination.job import Origin
+from sparkpoint_server.coordination.job import TERMINAL, Origin
 from sparkpoint_server.service.origins import in_line, same_place
 from sparkpoint_server.storage.models import Checkpoint as C
 from sparkpoint_server.storage.models import Job as J
@@ -70,3 +70,31 @@ def failover_target(session: Session, job_id: str) -> dict[str, Any]:
         described = {"id": origin.checkpoint_id, "external_path": origin.path}
         described["next_id"] = origin.next_id
     return {**target, "origin": described, "passed_over": passed_over}
+
+
+_STARTED_ELSEWHERE = select(J.job_id).where(
+    J.origin_path.is_not(None),
+    J.job_id != bindparam("job_id"),
+    J.status.not_in([status.value for status in TERMINAL]),
+)
+
+
+def origin_of(session: Session, job_id: str) -> list[dict[str, Any]]:
+    """The job's retained checkpoints that another live job's failover would restore by their
+    path (it started from one, or restored it, and has no checkpoint since), oldest first:
+    ``id``, ``external_path`` and the ``jobs`` that rely on it. Retention keeps them past
+    ``retained`` until those jobs no longer do (``service.origins.relied_on``)."""
+    others = session.scalars(_STARTED_ELSEWHERE, {"job_id": job_id}).all()
+    if not others:
+        return []
+    retained = session.execute(_RETAINED, {"job_id": job_id}).all()
+    found: dict[int, dict[str, Any]] = {}
+    for other in sorted(others):
+        target = failover_target(session, other)
+        if target["is_savepoint"] is not None or target["external_path"] is None:
+            continue  # it would restore a checkpoint of its own, or the beginning
+        for cid, _, path in retained:
+            if path is not None and same_place(path, target["external_path"]):
+                entry = found.setdefault(cid, {"id": cid, "external_path": path, "jobs": []})
+                entry["jobs"].append(other)
+    return [found[cid] for cid in sorted(found)]

@@ -22,7 +22,7 @@ from sparkpoint_dashboard.components.widgets import (
     section,
     stat,
 )
-from sparkpoint_dashboard.routing import Route, checkpoint_path
+from sparkpoint_dashboard.routing import Route, checkpoint_path, job_path
 from sparkpoint_dashboard.theme import status_color
 from sparkpoint_dashboard.units import DASH, fmt_age, fmt_bytes, fmt_count, fmt_ms, fmt_time
 
@@ -172,7 +172,29 @@ def latest_view(latest: dict[str, Any], job_id: str, now_ms: int) -> list[html.D
     blocks.append(_block("Latest restore", *restore_lines(restored, job_id, now_ms)))
     if latest.get("failover") is not None:
         blocks.append(_block("A failover restores", *failover_lines(latest["failover"], job_id)))
+    if latest.get("origin_of"):
+        blocks.append(_block("Kept for other jobs", *kept_lines(latest["origin_of"], job_id)))
     return blocks
+
+
+def kept_lines(kept: list[dict[str, Any]], job_id: str) -> list[Any]:
+    """The retained checkpoints other live jobs started from and would restore in a failover
+    (retention keeps them until those jobs have a checkpoint of their own)."""
+    lines: list[Any] = []
+    for entry in kept:
+        others: list[Any] = []
+        for i, other in enumerate(entry["jobs"]):
+            others += [", " if i else "", dcc.Link(other, href=job_path(other))]
+        lines.append(
+            [
+                "checkpoint ",
+                dcc.Link(f"#{entry['id']}", href=checkpoint_path(job_id, entry["id"])),
+                ": started from by ",
+                *others,
+                " (past retention until they have a checkpoint of their own)",
+            ]
+        )
+    return lines
 
 
 def failover_lines(failover: dict[str, Any], job_id: str) -> list[Any]:

@@ -15,6 +15,7 @@ from service_harness import Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
+from sparkpoint_server.storage.failover_target import origin_of
 from sparkpoint_server.storage.models import Checkpoint
 
 NO_DELAY = {
@@ -129,3 +130,21 @@ def test_a_checkpoint_nobody_started_from_goes_at_once(harness: Harness) -> None
     _checkpoint(harness)
     assert not os.path.exists(_metadata(url))
     assert _discarded(harness, first)
+
+
+def test_the_api_names_the_checkpoint_kept_and_the_job_that_relies_on_it(
+    harness: Harness,
+) -> None:
+    """``latest.origin_of`` of ``GET /jobs/{id}/checkpoints``, from the rows alone."""
+    other, cid, url = _started_from(harness)
+    _checkpoint(harness)
+    with harness.sessions() as s:
+        assert origin_of(s, harness.job_id) == [
+            {"id": cid, "external_path": url, "jobs": [other.job_id]}
+        ]
+        assert origin_of(s, other.job_id) == []
+    other.plane.trigger_checkpoint(other.job_id)
+    [trigger] = [c for _, c in other.commands() if isinstance(c, p.TriggerCheckpoint)]
+    other.ack_all(1, trigger.checkpoint_id)
+    with harness.sessions() as s:
+        assert origin_of(s, harness.job_id) == []
