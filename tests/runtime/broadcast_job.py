@@ -80,16 +80,6 @@ def committed_by(out: str, checkpoints: list[Path]) -> Output:
     return sorted(tuple(json.loads(line)) for line in lines)  # type: ignore[misc]
 
 
-def output_to_restore(out: str, checkpoint: Path, into: Path) -> str:
-    """A new output directory for a run restored from ``checkpoint`` of the run that wrote
-    ``out``: it holds the parts that checkpoint's transactions pre-committed (a restore commits
-    them, as Flink's ``recoverAndCommit``), uncommitted again, and nothing else."""
-    into.mkdir(parents=True)
-    for part in _parts(checkpoint):
-        (into / part).write_bytes((Path(out) / FileSink.committed_name(part)).read_bytes())
-    return str(into)
-
-
 def broadcast_entries(checkpoint: Path) -> dict[int, int]:
     """Each subtask's number of entries of broadcast state ``rules`` in ``checkpoint``."""
     meta = json.loads((checkpoint / "_metadata").read_text())

@@ -147,6 +147,7 @@ def test_checkpoint_statistics_have_flinks_shape(client: TestClient) -> None:
                 "origin": None,
                 "passed_over": [],
             },
+            "origin_of": [],  # no other job started from one of its checkpoints
         },
         "history": [IN_PROGRESS_6, COMPLETED_5],
     }
@@ -235,6 +236,7 @@ def test_a_job_without_checkpoints_has_empty_statistics(
                 "origin": None,
                 "passed_over": [],
             },
+            "origin_of": [],
         },
         "history": [],
     }
