@@ -17,8 +17,9 @@ touch each other's transactions. As Flink's ``TwoPhaseCommitSinkFunction`` and `
   job wrote them: that checkpoint completed, so their output is decided, and both commits are
   idempotent, also when the original job commits them at the same time (a rename that finds
   its part renamed already; the SQL commit log's key);
-- a file sink's transaction names its output (``location``): a fork into another directory
-  commits the restored checkpoint's transactions in the original's, where their parts are;
+- a file or SQL sink's transaction names its output (``location``): a fork into another
+  directory or table commits the restored checkpoint's transactions in the original's,
+  where their parts are;
 - a restore aborts only what this job wrote (:func:`written_by`), never another job's parts:
   not the restored job's open transaction either (the original may still pre-commit it). Parts
   that a job that will never run again left uncommitted stay hidden, out of the output.

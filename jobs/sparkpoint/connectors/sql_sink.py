@@ -163,6 +163,25 @@ class SqlSink(TwoPhaseCommitSink):
     def __repr__(self) -> str:
         return f"SqlSink({display_url(self.url)!r}, {self.table!r}, {list(self.columns)})"
 
+    @property
+    def location(self) -> str:
+        """The database (its URL, the password hidden) and the table."""
+        return f"{display_url(self.url)} {self.table}"
+
+    def at(self, location: str) -> SqlSink | None:
+        """The sink of another table of this sink's database whose tables hold this sink's
+        columns (a fork into another table commits the restored checkpoint's transactions
+        in the original's). Another database: None, since a checkpoint holds no password."""
+        database, _, table = location.rpartition(" ")
+        if database != display_url(self.url) or table == self.table:
+            return None
+        try:
+            if not sa.inspect(_engine(self.url)).has_table(table + STAGED_SUFFIX):
+                return None
+            return SqlSink(self.url, table, self.columns, flush_rows=self.flush_rows)
+        except (ConfigurationError, SqlSinkUnavailableError, sa.exc.SQLAlchemyError):
+            return None
+
     def tables(self) -> _Tables:
         """The three tables as SQLAlchemy Core objects (built once per process, not pickled)."""
         if "_cached_tables" not in self.__dict__:
@@ -372,7 +391,11 @@ class _SqlSinkWriter(SinkWriter):
         self._close_part()
         txn, self._txn = self._txn, self._begin()
         return SinkTransactionModel(
-            transaction_id=txn.transaction_id, parts=txn.parts, records=txn.records, bytes=txn.bytes
+            transaction_id=txn.transaction_id,
+            parts=txn.parts,
+            records=txn.records,
+            bytes=txn.bytes,
+            location=self._sink.location,
         )
 
     def close_epoch(self) -> OpenTransaction:

@@ -20,7 +20,7 @@ from sparkpoint.connectors.sinks import (
     job_tag,
     written_by,
 )
-from sparkpoint.connectors.sql_sink import META_COLUMNS, SqlSink, insert_rows
+from sparkpoint.connectors.sql_sink import META_COLUMNS, SqlSink, dispose_engines, insert_rows
 from sparkpoint.protocol import SinkTransactionModel
 from sparkpoint.records import Batch
 from sparkpoint.testing import committed_lines
@@ -145,3 +145,37 @@ def test_a_file_transaction_names_its_directory_and_another_file_sink_commits_it
     assert committed_lines(original.directory) == ['{"app_id": "a", "pv": 1}']
     assert committed_lines(fork.directory) == []
     assert fork.at(str(tmp_path / "gone")) is None  # the restoring job commits at its own
+
+
+def test_a_sql_transaction_names_its_table_and_a_sink_of_another_table_commits_it_there(
+    db: tuple[str, str],
+) -> None:
+    url, table = db
+    original, fork = SqlSink(url, table, COLUMNS), SqlSink(url, table + "_fork", COLUMNS)
+    try:
+        writer = original.writer(_ctx(JOB_A, 0), None)
+        writer.write(_rows("a", 1))
+        txn = writer.pre_commit(1)
+        assert txn.location is not None and txn.location.endswith(f" {table}")
+        if url.startswith("postgresql"):  # trust authentication: any password connects
+            with_password = SqlSink(url.replace("postgres@", "postgres:s3cret@"), table, COLUMNS)
+            assert "s3cret" not in with_password.location and "***" in with_password.location
+        there = fork.at(txn.location)
+        assert isinstance(there, SqlSink) and there.table == table
+        assert there.commit("sink", txn) == 1
+        assert there.commit("sink", txn) == 0  # once
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT app_id, pv FROM {table}").all() == [("a", 1)]
+            assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}_fork").scalar() == 0
+        engine.dispose()
+        # Another database, or a table without the sink's tables: the fork commits at its own.
+        assert fork.at(f"sqlite:////elsewhere.db {table}") is None
+        assert fork.at(f"{original.location.rpartition(' ')[0]} no_such_table") is None
+    finally:
+        dispose_engines()
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            for suffix in ("", "__sparkpoint_staged", "__sparkpoint_commits"):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}_fork{suffix}")
+        engine.dispose()
