@@ -14,7 +14,7 @@ from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.clock import Clock
-from sparkpoint.errors import CheckpointError, ConfigurationError
+from sparkpoint.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     restore_point_from_metadata,
@@ -97,7 +97,7 @@ class Registrations:
             point = None
             if not rt.active and ev.previous_failure is None and ev.config.get("from_checkpoint"):
                 try:  # an ended job run again: from the checkpoint its run names
-                    point = self._start_point(batch, rt.job_id, dict(ev.config))
+                    point = self._start_point(batch, dict(ev.config))
                 except (ConfigurationError, CheckpointError) as err:
                     _refuse(batch, rt.job_id, rt.attempt, err)
                     return
@@ -202,7 +202,7 @@ class Registrations:
             "edges": [list(e) for e in ev.edges],
         }
         config = dict(ev.config)
-        point = self._start_point(batch, env.job_id, config)
+        point = self._start_point(batch, config)
         rt = build_runtime(
             job_id=env.job_id,
             name=ev.job_name,
@@ -250,9 +250,7 @@ class Registrations:
         rt.start_command = restore
         batch.command(rt.job_id, 1, restore)
 
-    def _start_point(
-        self, batch: Batch, job_id: str, config: dict[str, Any]
-    ) -> RestorePoint | None:
+    def _start_point(self, batch: Batch, config: dict[str, Any]) -> RestorePoint | None:
         """Check the storage a new job names; the checkpoint it starts from (read before the
         lock was taken), if any.
 
@@ -262,27 +260,40 @@ class Registrations:
         """
         refusal = self.roots.registration_refusal(config)
         if refusal is not None:
-            raise ConfigurationError(f"job {job_id}: {refusal}")
+            raise ConfigurationError(refusal)
         if not config.get("from_checkpoint"):
             return None
         path = str(config["from_checkpoint"])
         if storage_io.location_of(path) in self.disposing:
-            raise ConfigurationError(
-                f"job {job_id}: --from-checkpoint {path!r} is being disposed of"
-            )
+            raise ConfigurationError(f"--from-checkpoint {path!r} is being disposed of")
         point = batch.restore_points.get(path)
         if not isinstance(point, RestorePoint):
-            raise ConfigurationError(
-                f"job {job_id}: --from-checkpoint {path!r}: {point or 'not read'}"
-            )
+            raise ConfigurationError(f"--from-checkpoint {path!r}: {_unreadable(point)}")
         roots = self.roots.of_job(config)
         for state in (path for a in point.acks for h in a.handles for path in state_paths(h)):
             if not roots.contains(state):
                 raise ConfigurationError(
-                    f"job {job_id}: --from-checkpoint {path!r} names state at "
+                    f"--from-checkpoint {path!r} names state at "
                     f"{state!r}, outside the storage roots: {roots.describe()}"
                 )
         return point
+
+
+def _unreadable(err: Exception | None) -> str:
+    """Why a start checkpoint could not be read: the storage's own words for a missing or
+    corrupt one (and, when missing, where to find one that stays), else the whole error."""
+    if err is None:
+        return "not read"
+    cause = err.__cause__
+    if isinstance(cause, CheckpointNotFoundError):
+        return (
+            f"{cause}; a running job deletes its checkpoints once newer ones subsume them: "
+            "start from a savepoint (sparkpoint savepoint JOB) or from a checkpoint it "
+            "retains now (sparkpoint checkpoints JOB)"
+        )
+    if isinstance(cause, CheckpointError):  # corrupt, of another format: it says which file
+        return str(cause)
+    return str(err)
 
 
 def read_restore_point(path: str) -> RestorePoint:

@@ -174,3 +174,12 @@ def test_a_missing_start_checkpoint_beside_the_data_directory_is_refused_as_miss
     assert isinstance(cancel, p.CancelJob) and cancel.status is p.JobStatus.FAILED
     assert f"--from-checkpoint 'file://{missing}'" in (cancel.cause or "")
     assert "_metadata" in (cancel.cause or "") and "data directory" not in (cancel.cause or "")
+    # Said once, then where to find one that stays.
+    assert (cancel.cause or "").startswith(
+        f"the control plane refused job {harness.job_id}: --from-checkpoint 'file://{missing}': "
+        f"no checkpoint at file://{missing}: "
+    ), cancel.cause
+    assert (cancel.cause or "").endswith(
+        "start from a savepoint (sparkpoint savepoint JOB) or from a checkpoint it retains "
+        "now (sparkpoint checkpoints JOB)"
+    ), cancel.cause
