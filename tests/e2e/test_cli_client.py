@@ -18,11 +18,18 @@ from ..support.acks import bare_ack
 from ..support.waiting import wait_for
 from .control_plane import REDIS_URL, ROOT, ServerProcess
 
+CLI = str(Path(sys.executable).with_name("sparkpoint"))
+
 
 def _cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return _command(server, [CLI, *args])
+
+
+def _command(server: ServerProcess, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command`` run against ``server`` (``SPARKPOINT_API_URL`` set), its output captured."""
     env = {**server.env(), "SPARKPOINT_API_URL": server.url}
     return subprocess.run(
-        [str(Path(sys.executable).with_name("sparkpoint")), *args],
+        command,
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -218,15 +225,5 @@ def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: Serve
     assert missing.returncode == 1 and "checkpoint 99 of job job-chk not found" in missing.stderr
     # Piped into a reader that stops early (| head -1; here one that reads nothing, so that
     # the write always finds the pipe closed): no traceback, exit 0.
-    env = {**server.env(), "SPARKPOINT_API_URL": server.url}
-    cli = str(Path(sys.executable).with_name("sparkpoint"))
-    piped = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {cli} checkpoints {job} | true"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    piped = _command(server, ["bash", "-c", f"set -o pipefail; {CLI} checkpoints {job} | true"])
     assert (piped.returncode, piped.stderr) == (0, ""), piped.stderr

@@ -28,20 +28,24 @@ pytestmark = pytest.mark.spark
 B_FAILURE = FailureInjection("keyed", subtask=1, records=200, at_epoch=3)
 
 
-def test_a_restore_of_one_job_keeps_the_pre_committed_output_of_another(
-    spark: Any, tmp_path: Path
-) -> None:
-    out = str(tmp_path / "shared-out")
-    # Job A fails for good after checkpoint 3 completed, before its sink commit.
+def _fails_before_committing_3(spark: Any, base: Path, name: str, out: str) -> None:
+    """Job ``name`` fails for good after checkpoint 3 completed, before its sink commit."""
     with pytest.raises(JobFailedError, match="injected failure"):
         run_pv(
             spark,
-            tmp_path,
-            "shared-a",
+            base,
+            name,
             out=out,
             restart="none",
             failure=FailureInjection("before_commit", checkpoint_id=3),
         )
+
+
+def test_a_restore_of_one_job_keeps_the_pre_committed_output_of_another(
+    spark: Any, tmp_path: Path
+) -> None:
+    out = str(tmp_path / "shared-out")
+    _fails_before_committing_3(spark, tmp_path, "shared-a", out)
     left_by_a = hidden_files(out)
     assert left_by_a  # checkpoint 3's pre-committed parts and the open transactions' parts
     assert all(job_tag("pv-shared-a") in name for name in left_by_a)
@@ -100,15 +104,7 @@ def test_a_job_started_from_another_jobs_checkpoint_into_its_own_output_commits_
     the pending files its committables name), and writes what follows into its own. Before,
     B looked for A's parts in its own directory and failed every restore."""
     out_a, out_b = str(tmp_path / "out-a"), str(tmp_path / "out-b")
-    with pytest.raises(JobFailedError, match="injected failure"):
-        run_pv(
-            spark,
-            tmp_path,
-            "fork-a",
-            out=out_a,
-            restart="none",
-            failure=FailureInjection("before_commit", checkpoint_id=3),
-        )
+    _fails_before_committing_3(spark, tmp_path, "fork-a", out_a)
     pre_committed = hidden_files(out_a)
     assert pre_committed  # checkpoint 3's parts, and the open transactions' parts
     chk3 = tmp_path / "fork-a" / "chk" / "pv-fork-a" / "chk-3"
