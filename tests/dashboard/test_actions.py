@@ -74,6 +74,7 @@ CANDIDATES = {
         "path": "file:///sp/savepoint-8",
         "time": T0 + 8000,
         "size": 2048,
+        "passed_over": False,
     },
     "checkpoint:7": {
         "id": 7,
@@ -81,6 +82,7 @@ CANDIDATES = {
         "path": f"file:///chk/{JOB}/chk-7",
         "time": T0 + 7000,
         "size": 443,
+        "passed_over": False,
     },
 }
 
@@ -98,6 +100,15 @@ def test_restore_options_name_id_kind_time_and_size() -> None:
         {"label": "#8 savepoint · 02:22:12 UTC · 2.0 KiB", "value": "savepoint:8"},
         {"label": "#7 checkpoint · 02:22:11 UTC · 443 B", "value": "checkpoint:7"},
     ]
+
+
+def test_a_checkpoint_a_restore_went_back_past_says_so_and_stays_restorable() -> None:
+    behind = restore_candidates(HISTORY, passed_over=[7])
+    assert behind["checkpoint:7"]["passed_over"] and not behind["savepoint:8"]["passed_over"]
+    assert restore_options(behind)[1] == {
+        "label": "#7 checkpoint · 02:22:11 UTC · 443 B · a restore went back past it",
+        "value": "checkpoint:7",
+    }
 
 
 # ----------------------------------------------------------------------------- planning

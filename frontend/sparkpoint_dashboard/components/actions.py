@@ -59,10 +59,15 @@ def ended_reason(state: str | None) -> str | None:
 # ----------------------------------------------------------------------------- restore choices
 
 
-def restore_candidates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def restore_candidates(
+    history: list[dict[str, Any]], passed_over: list[int] | None = None
+) -> dict[str, dict[str, Any]]:
     """What can be restored, by dropdown value, newest first: the retained checkpoints
     (COMPLETED, not discarded) as ``"checkpoint:<id>"`` and the savepoints (COMPLETED, with
-    an ``external_path``, not disposed of) as ``"savepoint:<id>"``."""
+    an ``external_path``, not disposed of) as ``"savepoint:<id>"``; ``passed_over`` (from
+    ``latest.failover``): those a restore went back past, which a failover does not restore
+    (a restore request still may)."""
+    behind = set(passed_over or ())
     out: dict[str, dict[str, Any]] = {}
     for cp in sorted(history or [], key=lambda c: -int(c.get("id") or 0)):
         if cp.get("status") != "COMPLETED":
@@ -77,6 +82,7 @@ def restore_candidates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any
             "path": cp.get("external_path"),
             "time": cp.get("latest_ack_timestamp") or cp.get("trigger_timestamp"),
             "size": cp.get("state_size"),
+            "passed_over": cp["id"] in behind,
         }
     return out
 
@@ -92,6 +98,8 @@ def restore_options(candidates: dict[str, dict[str, Any]]) -> list[dict[str, str
         what = "savepoint" if c["savepoint"] else "checkpoint"
         clock = fmt_time(c["time"])[11:19]
         label = f"#{c['id']} {what} · {clock} UTC · {fmt_bytes(c['size'])}"
+        if c.get("passed_over"):
+            label += " · a restore went back past it"
         options.append({"label": label, "value": value})
     return options
 
@@ -340,7 +348,8 @@ def register(app: Dash, client: ApiClient) -> None:
             return no_update
         latest = (answer.get("latest") or {}).get("savepoint")  # older than the history read
         history = [*(answer.get("history") or []), *([latest] if latest else [])]
-        candidates = restore_candidates(history)
+        failover = (answer.get("latest") or {}).get("failover") or {}
+        candidates = restore_candidates(history, failover.get("passed_over"))
         return no_update if candidates == shown else candidates
 
     @app.callback(
