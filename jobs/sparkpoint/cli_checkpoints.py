@@ -62,8 +62,8 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
         lines.append(f"a failover restores: {failover_text(latest['failover'])}")
     for kept in latest.get("origin_of") or []:
         lines.append(
-            f"kept past retention: checkpoint {kept['id']}: job(s) {', '.join(kept['jobs'])} "
-            "started from it and would restore it in a failover"
+            f"other jobs' restore point: checkpoint {kept['id']}: {', '.join(kept['jobs'])} "
+            "would restore it in a failover (kept until they have a checkpoint of their own)"
         )
     rows = [
         [

@@ -342,12 +342,12 @@ def test_a_checkpoint_kept_for_other_jobs_links_them() -> None:
     kept = [{"id": 3, "external_path": "file:///c/chk-3", "jobs": ["fork-1", "fork-2"]}]
     blocks = latest_view({"origin_of": kept}, JOB, NOW)
     assert _text(blocks[-1]) == (
-        "Kept for other jobscheckpoint #3: started from by fork-1, fork-2 (past retention "
-        "until they have a checkpoint of their own)"
+        "Other jobs' restore pointscheckpoint #3: fork-1, fork-2 would restore it in a "
+        "failover (kept until they have a checkpoint of their own)"
     )
     assert [link.href for link in _find(blocks[-1], dcc.Link)] == [
         f"/jobs/{JOB}/checkpoints/3",
         "/jobs/fork-1",
         "/jobs/fork-2",
     ]
-    assert "Kept" not in _text(latest_view({"origin_of": []}, JOB, NOW)[-1])
+    assert "Other jobs" not in _text(latest_view({"origin_of": []}, JOB, NOW)[-1])

@@ -21,8 +21,8 @@ def test_a_checkpoint_kept_for_other_jobs_is_named_with_them() -> None:
     lines = history_lines(JOB, _stats(failover=failover, origin_of=[kept]))
     assert lines[1:] == [
         "a failover restores: checkpoint 9",
-        "kept past retention: checkpoint 3: job(s) fork-1, fork-2 started from it and would "
-        "restore it in a failover",
+        "other jobs' restore point: checkpoint 3: fork-1, fork-2 would restore it in a "
+        "failover (kept until they have a checkpoint of their own)",
         "no checkpoint yet",
     ]
-    assert not any("kept" in line for line in history_lines(JOB, _stats(failover=failover)))
+    assert not any("other jobs" in line for line in history_lines(JOB, _stats(failover=failover)))

@@ -58,9 +58,9 @@ CONFIG_KEYS = (
 )
 UNCOMMITTED_PIN = "uncommitted sink transactions"
 RESTORE_PIN = "pending restore"
-# Another live job started from it (or restored it) by its path and has no checkpoint since:
-# its failover would read these files (``service.origins.relied_on``).
-ORIGIN_PIN = "another job's origin"
+# A live job started from it (or restored it) by its path and has no checkpoint since: its
+# failover would read these files (``service.origins.relied_on``).
+ORIGIN_PIN = "a live job's origin"
 
 
 def checkpoint_config_from(conf: dict[str, Any]) -> CheckpointConfig:

@@ -42,6 +42,9 @@ class Batch:
     # Every job the control plane holds (job id -> runtime): a decision about one job that
     # another may depend on (retention keeping another job's origin) looks them up here.
     jobs: dict[str, Any] = field(default_factory=dict)
+    # Where registrations and restore requests read the checkpoints they start from, before
+    # they are applied (the control plane's, live): retention keeps those too.
+    starting: Any = field(default_factory=tuple)
 
     def command(self, job_id: str, attempt: int, payload: Any) -> None:
         self.commands.append(p.envelope(job_id, attempt, self.now, payload))

@@ -23,7 +23,8 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -39,7 +40,6 @@ from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
 from sparkpoint.transport import ReceivedMessage, Streams, send_commands
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime
-from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
 from sparkpoint_server.service import completions, disposal, origins, senders, storage_io
 from sparkpoint_server.service import decisions as d
@@ -49,7 +49,7 @@ from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.batch import Batch, Disposer
 from sparkpoint_server.service.events import EventApplier, RejectedEventError, UnknownJobError
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
-from sparkpoint_server.service.registration import read_restore_point
+from sparkpoint_server.service.registration import read_restore_points, start_paths
 from sparkpoint_server.service.savepoints import completion_writer
 from sparkpoint_server.service.storage_io import StorageRoots, parse_roots
 from sparkpoint_server.storage.models import Job
@@ -91,6 +91,9 @@ class ControlPlane:
         self.disposer = Disposer(self.storage_timeout_s)
         # Savepoints being disposed of (service.disposal): no restore by path reads them.
         self.disposing: set[storage_io.Location] = set()
+        # Where registrations and restore requests read a checkpoint they start from, until
+        # they are applied (:meth:`starting_from`): retention keeps what is there.
+        self.starting: Counter[storage_io.Location] = Counter()
         # Every event is verified with its job's key and every command signed with it
         # (sparkpoint.signing); the secret they derive from stays in the data directory.
         # A job's key is derived once (two HMACs), not for every event verified and command
@@ -125,7 +128,9 @@ class ControlPlane:
         """One transaction; then the commands and the deletions (see the module docstring)."""
         with self._lock:
             session = self.sessions()
-            batch = Batch(BatchWriter(session), self.clock.now_ms(), jobs=self.jobs)
+            batch = Batch(
+                BatchWriter(session), self.clock.now_ms(), jobs=self.jobs, starting=self.starting
+            )
             try:
                 yield batch
                 d.record_acknowledged(batch)
@@ -141,6 +146,20 @@ class ControlPlane:
             self.disposer.submit(batch.after_commit)
             for rt, cid in batch.completions:
                 self._write_completion(rt, cid)
+
+    @contextmanager
+    def starting_from(self, paths: Iterable[str]) -> Iterator[None]:
+        """While a registration or a restore request reads the checkpoints at ``paths`` and
+        until it is applied, no retention deletes them (:func:`~.origins.relied_on`)."""
+        # (A path with a NUL byte is no place: reading it fails, and the job is refused.)
+        places = [at for path in paths if "\x00" not in path for at in storage_io.aliases(path)]
+        with self._lock:
+            self.starting.update(places)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.starting -= Counter(places)  # in place; a place no reader holds goes
 
     # ------------------------------------------------------------------ completions
 
@@ -245,7 +264,7 @@ class ControlPlane:
                 self.jobs[rt.job_id] = rt
         commands = []
         now = self.clock.now_ms()
-        for rt in self.jobs.values():
+        for rt in (rt for rt in self.jobs.values() if rt.active):
             # A trigger may have been lost between the commit and the send: the job ignores
             # one it already has (by id), so pending checkpoints are triggered again.
             for pc in sorted(rt.coordinator.pending.values(), key=lambda c: c.checkpoint_id):
@@ -257,7 +276,8 @@ class ControlPlane:
                     payload = p.NotifyCheckpointComplete(checkpoint_id=cid)
                     commands.append(p.envelope(rt.job_id, cp.attempt, now, payload))
         self._send(commands)
-        log.info("control plane recovered %d unfinished job(s)", len(self.jobs))
+        active = sum(rt.active for rt in self.jobs.values())
+        log.info("control plane recovered %d unfinished job(s)", active)
 
     # ------------------------------------------------------------------ ingest
 
@@ -278,7 +298,17 @@ class ControlPlane:
                 retries the events in smaller batches and dead-letters that one.
         """
         rejected: list[RejectedEvent] = []
-        points = self._read_restore_points(messages)
+        with self.starting_from(start_paths(messages)):
+            self._apply_batch(messages, rejected)
+        # The completions whose write ended meanwhile finish here, in a unit of their own, as
+        # on the finisher thread (which then finds nothing left): under a steady ingest that
+        # thread's unit waited for the interpreter lock at every statement while it held the
+        # coordination lock, and the ingest waited for it.
+        self._finish_written()
+        return rejected
+
+    def _apply_batch(self, messages: list[ReceivedMessage], rejected: list[RejectedEvent]) -> None:
+        points = read_restore_points(self, messages)
         try:
             verdicts = fo.check_registrations(self, messages)
             with self.unit() as batch:
@@ -294,32 +324,6 @@ class ControlPlane:
                         rejected.append(RejectedEvent(m.entry_id, str(err)))
         except (OperationalError, InterfaceError) as err:  # the database is away, not the event
             raise TransientIngestError(f"database unavailable: {err}") from err
-        # The completions whose write ended meanwhile finish here, in a unit of their own, as
-        # on the finisher thread (which then finds nothing left): under a steady ingest that
-        # thread's unit waited for the interpreter lock at every statement while it held the
-        # coordination lock, and the ingest waited for it.
-        self._finish_written()
-        return rejected
-
-    def _read_restore_points(self, messages: list[ReceivedMessage]) -> dict[str, Any]:
-        """Before taking the lock: the checkpoints that registrations name to start from
-        (``--from-checkpoint``), each read with the storage timeout (or why it could not be)."""
-        points: dict[str, Any] = {}
-        for m in messages:
-            if not isinstance(m.payload, p.JobRegistered):
-                continue
-            config = m.payload.config
-            path = str(config.get("from_checkpoint") or "")
-            if not path or path in points or self.roots.registration_refusal(config):
-                continue
-            what = f"job {m.envelope.job_id}: reading --from-checkpoint {path}"
-            try:
-                points[path] = storage_io.call(
-                    what, self.storage_timeout_s, read_restore_point, path
-                )
-            except StorageUnavailableError as err:
-                points[path] = err
-        return points
 
     def ingest_health(self, up: bool) -> None:
         """The ingest reads the events stream again (``up``) or cannot (Redis or the database
@@ -357,13 +361,20 @@ class ControlPlane:
         checkpoint failures."""
         with self._lock:
             due = [rt for rt in self.jobs.values() if self._timers_due(rt)]
-            released = origins.released_pins(self.jobs)
-            if not due and not released:
+            released = origins.released_pins(self.jobs, self.starting)
+            # What an ended job's retention dropped (a restart replays it) is handed out here.
+            ended = [
+                rt for rt in self.jobs.values() if not rt.active and rt.coordinator.subsumed_waiting
+            ]
+            if not due and not released and not ended:
                 return
             with self.unit() as batch:
                 for rt, cid in released:
                     batch.touched.add(rt.job_id)
                     d.unpin(batch, rt, cid, ORIGIN_PIN, drain=False)
+                for rt in ended:
+                    batch.touched.add(rt.job_id)
+                    d.discard_subsumed(batch, rt)
                 for rt in due:
                     batch.touched.add(rt.job_id)
                     self._tick_job(batch, rt)

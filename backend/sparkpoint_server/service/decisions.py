@@ -273,11 +273,10 @@ def discard_subsumed(
     writing = any(not entry.taken_back for entry in rt.finalizing.values())
     dropped = rt.coordinator.drain_subsumed() if drain and not writing else []
     for old in [*dropped, *(released or [])]:
-        relying = origins.relied_on(batch.jobs.values(), rt, old)
+        relying = origins.relied_on(batch.jobs.values(), old, batch.starting)
         if relying is not None:
             log.info(
-                "job %s: %s %d kept past retention: job %s started from it and has no "
-                "checkpoint since",
+                "job %s: %s %d kept past retention: %s would restore it by its path",
                 rt.job_id,
                 old.kind.value,
                 old.checkpoint_id,

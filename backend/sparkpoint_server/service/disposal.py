@@ -32,7 +32,6 @@ are gone, with what was deleted.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -48,9 +47,9 @@ from sparkpoint_server.errors import (
     InvalidRequestError,
     StorageUnavailableError,
 )
-from sparkpoint_server.service import origins
+from sparkpoint_server.service import origins, storage_io
 from sparkpoint_server.service import requests as r
-from sparkpoint_server.service.storage_io import LOCAL, Location
+from sparkpoint_server.service.storage_io import Location
 from sparkpoint_server.storage.models import Checkpoint, Job
 
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ def dispose_savepoint(plane: ControlPlane, path: str) -> dict[str, Any]:
     # Step 1
     directory = _directory(value)
     try:
-        places = _aliases(directory)
+        places = storage_io.aliases(directory)
     except ValueError as err:
         raise InvalidRequestError(FIELD, str(err)) from None
     rows, config = _rows_at(plane, places)
@@ -85,7 +84,7 @@ def dispose_savepoint(plane: ControlPlane, path: str) -> dict[str, Any]:
     except ConfigurationError as err:
         raise InvalidRequestError(FIELD, str(err)) from None
     if disposal is not None:
-        places |= _aliases(disposal.root)
+        places |= storage_io.aliases(disposal.root)
     # Step 3
     with plane.unit() as batch:
         _refuse_restores(plane, places)
@@ -140,18 +139,6 @@ def _directory(value: str) -> str:
     return trimmed or "/"
 
 
-def _aliases(url: str) -> set[Location]:
-    """Where ``url`` is, as the roots see it, and (a local path) with its links resolved.
-
-    Raises:
-        ValueError: a URL with a NUL byte.
-    """
-    where = Location.of(url)
-    if where.protocol != LOCAL:
-        return {where}
-    return {where, Location(LOCAL, os.path.realpath(where.path))}
-
-
 def _rows_at(
     plane: ControlPlane, places: set[Location]
 ) -> tuple[list[tuple[str, int]], dict[str, Any] | None]:
@@ -176,7 +163,7 @@ def _at(url: str | None, places: set[Location]) -> bool:
     if url is None:
         return False
     try:
-        return bool(_aliases(url) & places)
+        return bool(storage_io.aliases(url) & places)
     except ValueError:
         return False
 

@@ -9,7 +9,7 @@ are each job's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from sparkpoint import protocol as p
@@ -17,6 +17,7 @@ from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.runtime.recovery import RestorePoint
 from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime, Origin
 from sparkpoint_server.service import storage_io
+from sparkpoint_server.service.storage_io import Location
 
 
 def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheckpoint | None:
@@ -28,10 +29,11 @@ def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheck
 
 
 def same_place(path: str | None, where: str | None) -> bool:
-    """Whether a checkpoint at ``path`` (None: inline) is at ``where`` (None: any place)."""
+    """Whether a checkpoint at ``path`` (None: inline) is at ``where`` (None: any place),
+    however either is spelled (:func:`~.storage_io.same_place`)."""
     if where is None:
         return True
-    return path is not None and storage_io.location_of(path) == storage_io.location_of(where)
+    return path is not None and storage_io.same_place(path, where)
 
 
 def in_line(origin: Origin, checkpoint_id: int, *, is_origin: bool, origin_held: bool) -> bool:
@@ -66,37 +68,44 @@ def candidates(rt: JobRuntime) -> list[CompletedCheckpoint]:
     return sorted(kept, key=lambda cp: cp.checkpoint_id, reverse=True)
 
 
-def relied_on(jobs: Iterable[JobRuntime], owner: JobRuntime, cp: CompletedCheckpoint) -> str | None:
-    """Under the lock: the id of a live job other than ``owner`` whose failover would restore
-    ``owner``'s checkpoint ``cp`` by its path (the job started from it, or restored it, and
-    has no checkpoint of its line since), or None. Retention keeps such a checkpoint pinned
-    (:data:`ORIGIN_PIN`) instead of deleting it; Flink's restore mode NO_CLAIM leaves it to
-    its owner, whose retention may delete it before the new job's first checkpoint."""
+def relied_on(
+    jobs: Iterable[JobRuntime], cp: CompletedCheckpoint, starting: Collection[Location] = ()
+) -> str | None:
+    """Under the lock: who would restore checkpoint ``cp`` by its path, or None: a live job
+    that started from it or restored it and has no checkpoint of its line since (another
+    job, or its owner once it restored one that retention had already kept), or a job whose
+    registration or restore request read it and is not applied yet (``starting``: where
+    those read). Retention keeps such a checkpoint pinned (:data:`ORIGIN_PIN`) instead of
+    deleting it; Flink's restore mode NO_CLAIM leaves it to its owner, whose retention may
+    delete it before the new job's first checkpoint."""
     if cp.external_path is None:
         return None
+    if starting and storage_io.aliases(cp.external_path) & set(starting):
+        return "a job starting from it"
     for rt in jobs:
         origin = rt.origin
         if (
-            rt is not owner
-            and rt.active
+            rt.active
             and origin is not None
             and origin.path is not None
             and same_place(cp.external_path, origin.path)
             and not candidates(rt)
         ):
-            return rt.job_id
+            return f"job {rt.job_id}"
     return None
 
 
-def released_pins(jobs: dict[str, JobRuntime]) -> list[tuple[JobRuntime, int]]:
-    """Under the lock: the checkpoints kept for another job's origin that no live job needs
-    any more (it completed a checkpoint, restored another or ended): unpin and delete them."""
+def released_pins(
+    jobs: dict[str, JobRuntime], starting: Collection[Location] = ()
+) -> list[tuple[JobRuntime, int]]:
+    """Under the lock: the checkpoints kept for a job's origin that no job needs any more (it
+    completed a checkpoint, restored another or ended): unpin and delete them."""
     return [
         (rt, cp.checkpoint_id)
         for rt in jobs.values()
         for cp in rt.coordinator.store.subsumed_pinned()
         if ORIGIN_PIN in rt.coordinator.store.pins(cp.checkpoint_id)
-        and relied_on(jobs.values(), rt, cp) is None
+        and relied_on(jobs.values(), cp, starting) is None
     ]
 
 

@@ -51,10 +51,37 @@ Acks = dict[tuple[str, int], p.SnapshotCompleted]
 
 
 def load_active_jobs(session: Session, clock: Clock, checkpoint_dir: str) -> list[JobRuntime]:
-    """Every job that is not FINISHED, CANCELED or FAILED, rebuilt."""
+    """Every job that is not FINISHED, CANCELED or FAILED, rebuilt; and every ended job whose
+    rows hold more regular checkpoints than it retains: retention kept those for a live job's
+    origin, and the control plane decides again whether they go (else they would stay)."""
     terminal = [s.value for s in TERMINAL]
     rows = session.scalars(select(Job).where(Job.status.not_in(terminal))).all()
-    return [load_job(session, row, clock, checkpoint_dir) for row in rows]
+    return [load_job(session, row, clock, checkpoint_dir) for row in [*rows, *_kept(session)]]
+
+
+def _kept(session: Session) -> list[Job]:
+    """The ended jobs with more completed, not discarded, regular checkpoints than their
+    ``retained``."""
+    terminal = [s.value for s in TERMINAL]
+    counts = session.execute(
+        select(Checkpoint.job_id, func.count())
+        .join(Job, Job.job_id == Checkpoint.job_id)
+        .where(
+            Job.status.in_(terminal),
+            Checkpoint.status == "COMPLETED",
+            Checkpoint.kind == "checkpoint",
+            Checkpoint.discarded.is_(False),
+        )
+        .group_by(Checkpoint.job_id)
+        .having(func.count() > 1)
+    ).all()
+    jobs = [session.get(Job, job_id) for job_id, _ in counts]
+    retained = {job_id: n for job_id, n in counts}
+    return [
+        job
+        for job in jobs
+        if job is not None and retained[job.job_id] > int(job.checkpoint_config.get("retained", 1))
+    ]
 
 
 def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> JobRuntime:

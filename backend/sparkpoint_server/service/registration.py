@@ -10,7 +10,7 @@ here), applied under the coordination lock; the checkpoints they name were read 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint import protocol as p
 from sparkpoint.clock import Clock
@@ -20,12 +20,14 @@ from sparkpoint.runtime.recovery import (
     restore_point_from_metadata,
     storage_for_checkpoint_path,
 )
+from sparkpoint.transport import ReceivedMessage
 from sparkpoint_server.coordination.job import (
     JobRuntime,
     Origin,
     build_runtime,
     checkpoint_config_dict,
 )
+from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
@@ -34,6 +36,9 @@ from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
 from sparkpoint_server.service.storage_io import StorageRoots, state_paths
 from sparkpoint_server.storage.models import Job
+
+if TYPE_CHECKING:
+    from sparkpoint_server.service.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +304,34 @@ def _unreadable(err: Exception | None) -> str:
 def read_restore_point(path: str) -> RestorePoint:
     """The checkpoint at ``path`` (storage I/O: call it outside the lock, bounded in time)."""
     return restore_point_from_metadata(storage_for_checkpoint_path(path), path)
+
+
+def start_paths(messages: list[ReceivedMessage]) -> list[str]:
+    """The checkpoints that the registrations among ``messages`` start from."""
+    return [
+        str(m.payload.config["from_checkpoint"])
+        for m in messages
+        if isinstance(m.payload, p.JobRegistered) and m.payload.config.get("from_checkpoint")
+    ]
+
+
+def read_restore_points(plane: ControlPlane, messages: list[ReceivedMessage]) -> dict[str, Any]:
+    """Before taking the lock: the checkpoints that registrations name to start from
+    (``--from-checkpoint``), each read with the storage timeout (or why it could not be)."""
+    points: dict[str, Any] = {}
+    for m in messages:
+        if not isinstance(m.payload, p.JobRegistered):
+            continue
+        config = m.payload.config
+        path = str(config.get("from_checkpoint") or "")
+        if not path or path in points or plane.roots.registration_refusal(config):
+            continue
+        what = f"job {m.envelope.job_id}: reading --from-checkpoint {path}"
+        try:
+            points[path] = storage_io.call(what, plane.storage_timeout_s, read_restore_point, path)
+        except StorageUnavailableError as err:
+            points[path] = err
+    return points
 
 
 def _start_command(rt: JobRuntime) -> p.RestoreJob:

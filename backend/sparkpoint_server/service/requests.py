@@ -222,6 +222,14 @@ def restore(
             "checkpoint_id, savepoint_path",
             "give exactly one of checkpoint_id or savepoint_path",
         )
+    # Until it is applied, retention keeps a checkpoint restored by its path.
+    with plane.starting_from([savepoint_path] if savepoint_path else []):
+        return _restore(plane, job_id, checkpoint_id, savepoint_path)
+
+
+def _restore(
+    plane: ControlPlane, job_id: str, checkpoint_id: int | None, savepoint_path: str | None
+) -> str:
     rt = active_runtime(plane, job_id)
     # Step 1
     if checkpoint_id is not None:

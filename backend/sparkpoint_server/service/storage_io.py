@@ -292,6 +292,27 @@ def location_of(url: str) -> Location:
         return Location("", "")
 
 
+def aliases(url: str) -> set[Location]:
+    """Where ``url`` is, as the roots see it, and (a local path) with its links resolved; a
+    checkpoint named by its ``_metadata`` is its directory.
+
+    Raises:
+        ValueError: a URL with a NUL byte.
+    """
+    where = Location.of(url.rstrip("/").removesuffix("/_metadata"))
+    if where.protocol != LOCAL:
+        return {where}
+    return {where, Location(LOCAL, os.path.realpath(where.path))}
+
+
+def same_place(url: str, other: str) -> bool:
+    """Whether two spellings name one checkpoint: ``/_metadata`` or not, links or not."""
+    try:
+        return bool(aliases(url) & aliases(other))
+    except ValueError:
+        return False
+
+
 def named_directories(
     config: Mapping[str, Any], contains_data: Callable[[Location], bool]
 ) -> list[str]:

@@ -72,7 +72,7 @@ def failover_target(session: Session, job_id: str) -> dict[str, Any]:
     return {**target, "origin": described, "passed_over": passed_over}
 
 
-_STARTED_ELSEWHERE = select(J.job_id).where(
+_STARTED_ELSEWHERE = select(J.job_id, J.origin_path).where(
     J.origin_path.is_not(None),
     J.job_id != bindparam("job_id"),
     J.status.not_in([status.value for status in TERMINAL]),
@@ -82,19 +82,25 @@ _STARTED_ELSEWHERE = select(J.job_id).where(
 def origin_of(session: Session, job_id: str) -> list[dict[str, Any]]:
     """The job's retained checkpoints that another live job's failover would restore by their
     path (it started from one, or restored it, and has no checkpoint since), oldest first:
-    ``id``, ``external_path`` and the ``jobs`` that rely on it. Retention keeps them past
-    ``retained`` until those jobs no longer do (``service.origins.relied_on``)."""
-    others = session.scalars(_STARTED_ELSEWHERE, {"job_id": job_id}).all()
+    ``id``, ``external_path`` and the ``jobs`` that rely on it. Retention keeps them, past
+    ``retained`` if need be, until those jobs no longer do (``service.origins.relied_on``)."""
+    others = session.execute(_STARTED_ELSEWHERE, {"job_id": job_id}).all()
     if not others:
         return []
-    retained = session.execute(_RETAINED, {"job_id": job_id}).all()
+    retained = [
+        (cid, path)
+        for cid, _, path in session.execute(_RETAINED, {"job_id": job_id}).all()
+        if path is not None
+    ]
     found: dict[int, dict[str, Any]] = {}
-    for other in sorted(others):
+    for other, origin_path in sorted(others):
+        at = [(cid, path) for cid, path in retained if same_place(path, origin_path)]
+        if not at:  # its line started elsewhere: no query for it
+            continue
         target = failover_target(session, other)
         if target["is_savepoint"] is not None or target["external_path"] is None:
             continue  # it would restore a checkpoint of its own, or the beginning
-        for cid, _, path in retained:
-            if path is not None and same_place(path, target["external_path"]):
-                entry = found.setdefault(cid, {"id": cid, "external_path": path, "jobs": []})
-                entry["jobs"].append(other)
+        for cid, path in at:
+            entry = found.setdefault(cid, {"id": cid, "external_path": path, "jobs": []})
+            entry["jobs"].append(other)
     return [found[cid] for cid in sorted(found)]

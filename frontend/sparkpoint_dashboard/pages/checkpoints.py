@@ -173,7 +173,9 @@ def latest_view(latest: dict[str, Any], job_id: str, now_ms: int) -> list[html.D
     if latest.get("failover") is not None:
         blocks.append(_block("A failover restores", *failover_lines(latest["failover"], job_id)))
     if latest.get("origin_of"):
-        blocks.append(_block("Kept for other jobs", *kept_lines(latest["origin_of"], job_id)))
+        blocks.append(
+            _block("Other jobs' restore points", *kept_lines(latest["origin_of"], job_id))
+        )
     return blocks
 
 
@@ -189,9 +191,9 @@ def kept_lines(kept: list[dict[str, Any]], job_id: str) -> list[Any]:
             [
                 "checkpoint ",
                 dcc.Link(f"#{entry['id']}", href=checkpoint_path(job_id, entry["id"])),
-                ": started from by ",
+                ": ",
                 *others,
-                " (past retention until they have a checkpoint of their own)",
+                " would restore it in a failover (kept until they have a checkpoint of their own)",
             ]
         )
     return lines

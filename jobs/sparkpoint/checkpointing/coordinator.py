@@ -144,6 +144,12 @@ class CheckpointCoordinator:
         failed, self._failed = self._failed, []
         return failed
 
+    @property
+    def subsumed_waiting(self) -> bool:
+        """Whether retention dropped checkpoints that :meth:`drain_subsumed` has not handed
+        out yet."""
+        return bool(self._subsumed)
+
     def drain_subsumed(self) -> list[CompletedCheckpoint]:
         """Completed checkpoints retention dropped since the last drain: delete their state.
         Drain after writing the new ``_metadata``: ``finalize_failed`` takes back only these."""

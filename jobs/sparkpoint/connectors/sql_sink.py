@@ -59,6 +59,13 @@ def display_url(url: str) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
+def _database_of(url: str) -> str:
+    """Which database ``url`` names, without a secret: no password, no query."""
+    u = sa.make_url(url)
+    bare = sa.URL.create(u.drivername, u.username, None, u.host, u.port, u.database)
+    return bare.render_as_string(hide_password=False)
+
+
 _ENGINES: dict[tuple[int, str], Engine] = {}
 
 
@@ -165,15 +172,16 @@ class SqlSink(TwoPhaseCommitSink):
 
     @property
     def location(self) -> str:
-        """The database (its URL, the password hidden) and the table."""
-        return f"{display_url(self.url)} {self.table}"
+        """The database and the table: the URL's driver, user, host, port and database name,
+        never its password nor its query (which may hold one: ``?password=``, ODBC strings)."""
+        return f"{_database_of(self.url)} {self.table}"
 
     def at(self, location: str) -> SqlSink | None:
         """The sink of another table of this sink's database whose tables hold this sink's
         columns (a fork into another table commits the restored checkpoint's transactions
         in the original's). Another database: None, since a checkpoint holds no password."""
         database, _, table = location.rpartition(" ")
-        if database != display_url(self.url) or table == self.table:
+        if database != _database_of(self.url) or table == self.table:
             return None
         try:
             if not sa.inspect(_engine(self.url)).has_table(table + STAGED_SUFFIX):

@@ -79,9 +79,9 @@ class JobExecution:
         self.spark: SparkApplication | None = None  # set once Spark is up; RUNNING reports it
         self._restored_ms: int | None = None  # when the latest restore ran; None: swept since
         self.console: Console | None = None  # what the user sees; the driver sets it
-        # (sink uid, another output) -> the sink that commits there (None: unreachable):
-        # transactions of another job's checkpoint that this job restored.
-        self._other_outputs: dict[tuple[str, str], TwoPhaseCommitSink | None] = {}
+        # (sink uid, another output) -> the sink that commits there: transactions of another
+        # job's checkpoint that this job restored.
+        self._other_outputs: dict[tuple[str, str], TwoPhaseCommitSink] = {}
         self.executors: list[p.ExecutorModel] | None = None  # the heartbeat reports them
 
     # ------------------------------------------------------------------ events
@@ -277,9 +277,10 @@ class JobExecution:
         sink = node.sink
         if txn.location is not None and txn.location != sink.location:
             key = (node.uid, txn.location)
-            if key not in self._other_outputs:
-                self._other_outputs[key] = sink.at(txn.location)
-            sink = self._other_outputs[key] or sink
+            there = self._other_outputs.get(key) or sink.at(txn.location)
+            if there is not None:  # not reached now (an outage?): asked again next time
+                self._other_outputs[key] = there
+            sink = there or sink
         sink.commit(node.uid, txn)
 
     def _sweep_earlier_attempts(self) -> None:

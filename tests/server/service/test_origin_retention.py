@@ -148,3 +148,85 @@ def test_the_api_names_the_checkpoint_kept_and_the_job_that_relies_on_it(
     other.ack_all(1, trigger.checkpoint_id)
     with harness.sessions() as s:
         assert origin_of(s, harness.job_id) == []
+
+
+@pytest.mark.parametrize("spelling", ["_metadata", "link"])
+def test_the_checkpoint_is_kept_however_the_other_job_spelled_its_path(
+    harness: Harness, tmp_path: os.PathLike[str], spelling: str
+) -> None:
+    harness.start()
+    cid = _checkpoint(harness)
+    url = "file://" + os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    if spelling == "_metadata":
+        named = url + "/_metadata"
+    else:
+        link = os.path.join(tmp_path, "latest-checkpoint")
+        os.symlink(url.removeprefix("file://"), link)
+        named = f"file://{link}"
+    other = harness.another_job()
+    other.register(
+        incarnation="driver-9", from_checkpoint=named, restart_strategy=NO_DELAY, interval_ms=0
+    )
+    other.running(1)
+    _checkpoint(harness)
+    _checkpoint(harness)
+    assert os.path.isfile(_metadata(url)) and not _discarded(harness, cid)
+    restore = _fail(other, 1)
+    assert (restore.checkpoint_id, restore.external_path) == (cid, named)
+
+
+def test_the_owner_that_restores_a_checkpoint_kept_for_another_keeps_it_for_itself(
+    harness: Harness,
+) -> None:
+    other, cid, url = _started_from(harness)
+    _checkpoint(harness)
+    harness.commands()
+    harness.plane.restore(harness.job_id, cid, None)
+    [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
+    assert (restore.new_attempt, restore.checkpoint_id) == (2, cid)
+    harness.send(2, p.JobRestored(checkpoint_id=cid, external_path=restore.external_path))
+    harness.running(2)
+    # The other job no longer needs it; the owner, which has no checkpoint since, does.
+    other.plane.trigger_checkpoint(other.job_id)
+    [trigger] = [c for _, c in other.commands() if isinstance(c, p.TriggerCheckpoint)]
+    other.ack_all(1, trigger.checkpoint_id)
+    harness.tick()
+    assert os.path.isfile(_metadata(url)) and not _discarded(harness, cid)
+    # Its own next checkpoint: then it goes.
+    _checkpoint(harness, attempt=2)
+    harness.tick()
+    assert not os.path.exists(_metadata(url)) and _discarded(harness, cid)
+
+
+def test_a_checkpoint_being_read_to_start_a_job_from_is_kept_until_that_is_applied(
+    harness: Harness,
+) -> None:
+    harness.start()
+    cid = _checkpoint(harness)
+    url = "file://" + os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    with harness.plane.starting_from([url + "/"]):  # a registration read it, not applied yet
+        _checkpoint(harness)
+        harness.tick()
+        assert os.path.isfile(_metadata(url)) and not _discarded(harness, cid)
+    assert not harness.plane.starting
+    harness.tick()  # nobody registered from it: it goes
+    assert not os.path.exists(_metadata(url)) and _discarded(harness, cid)
+
+
+def test_what_an_ended_owner_kept_goes_after_a_control_plane_restart(harness: Harness) -> None:
+    """The pin lives in memory and a restarted control plane rebuilds only unfinished jobs:
+    an ended owner whose rows keep more checkpoints than it retains is rebuilt too, and its
+    kept checkpoint goes once nobody relies on it (else its files stayed for good)."""
+    other, cid, url = _started_from(harness)
+    _checkpoint(harness)
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    other.new_control_plane()
+    harness.cp = other.cp
+    harness.tick()
+    assert os.path.isfile(_metadata(url)) and not _discarded(harness, cid)  # still relied on
+    other.plane.trigger_checkpoint(other.job_id)
+    [trigger] = [c for _, c in other.commands() if isinstance(c, p.TriggerCheckpoint)]
+    other.ack_all(1, trigger.checkpoint_id)
+    harness.tick()
+    assert not os.path.exists(_metadata(url)) and _discarded(harness, cid)
