@@ -23,6 +23,7 @@ answer, a protocol may raise anything (missing credentials, a malformed URL). So
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import os
@@ -302,7 +303,14 @@ def aliases(url: str) -> set[Location]:
     where = Location.of(url.rstrip("/").removesuffix("/_metadata"))
     if where.protocol != LOCAL:
         return {where}
-    return {where, Location(LOCAL, os.path.realpath(where.path))}
+    return {where, Location(LOCAL, _resolved(where.path))}
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(path: str) -> str:
+    """``os.path.realpath``, once per path: callers under the coordination lock compare the
+    same origins again and again, and each resolution is a system call per path component."""
+    return os.path.realpath(path)
 
 
 def same_place(url: str, other: str) -> bool:
