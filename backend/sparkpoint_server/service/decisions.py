@@ -275,13 +275,8 @@ def discard_subsumed(
     for old in [*dropped, *(released or [])]:
         relying = origins.relied_on(batch.jobs.values(), old, batch.starting)
         if relying is not None:
-            log.info(
-                "job %s: %s %d kept past retention: %s would restore it by its path",
-                rt.job_id,
-                old.kind.value,
-                old.checkpoint_id,
-                relying,
-            )
+            what = f"job {rt.job_id}: checkpoint {old.checkpoint_id} kept past retention"
+            log.info("%s: %s would restore it by its path", what, relying)
             rt.coordinator.store.keep(old, ORIGIN_PIN)
             continue
         batch.writer.checkpoint(rt.job_id, old.checkpoint_id, discarded=True)

@@ -183,6 +183,11 @@ def _refuse_restores(plane: ControlPlane, places: set[Location]) -> None:
     (its new attempt reads the files; a restore of another job's savepoint pins nothing in
     the owner's store), or the job started from it or restored it by its path and has no
     checkpoint since (a failover restores it again)."""
+    if places & set(plane.starting):
+        raise ConflictError(
+            "a job is starting from it (its registration or restore request read it and is "
+            "not applied yet); dispose of it once that job has a checkpoint of its own"
+        )
     for rt in plane.jobs.values():
         if not rt.active:
             continue

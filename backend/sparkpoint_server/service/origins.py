@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.runtime.recovery import RestorePoint
 from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime, Origin
 from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.storage_io import Location
+from sparkpoint_server.storage.models import Checkpoint
 
 
 def held(rt: JobRuntime, checkpoint_id: int, path: str | None) -> CompletedCheckpoint | None:
@@ -107,6 +111,22 @@ def released_pins(
         if ORIGIN_PIN in rt.coordinator.store.pins(cp.checkpoint_id)
         and relied_on(jobs.values(), cp, starting) is None
     ]
+
+
+def deleted_at(session: Session, path: str) -> str | None:
+    """Under the lock: which checkpoint of a job retention or a disposal deleted at ``path``
+    (``"checkpoint N of job J"``), or None. A registration or a restore that read it before
+    it was deleted, outside the lock, must not start from it now."""
+    bare = path.rstrip("/").removesuffix("/_metadata")
+    spellings = {bare, f"file://{bare}"} if bare.startswith("/") else {bare}
+    if bare.startswith("file://"):
+        spellings.add(bare.removeprefix("file://"))
+    row = session.execute(
+        select(Checkpoint.job_id, Checkpoint.checkpoint_id).where(
+            Checkpoint.external_path.in_(sorted(spellings)), Checkpoint.discarded.is_(True)
+        )
+    ).first()
+    return None if row is None else f"checkpoint {row.checkpoint_id} of job {row.job_id}"
 
 
 def columns(origin: Origin | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ earlier failures.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -47,6 +48,8 @@ from sparkpoint_server.storage.models import (
     Operation,
 )
 
+log = logging.getLogger(__name__)
+
 Acks = dict[tuple[str, int], p.SnapshotCompleted]
 
 
@@ -56,7 +59,15 @@ def load_active_jobs(session: Session, clock: Clock, checkpoint_dir: str) -> lis
     origin, and the control plane decides again whether they go (else they would stay)."""
     terminal = [s.value for s in TERMINAL]
     rows = session.scalars(select(Job).where(Job.status.not_in(terminal))).all()
-    return [load_job(session, row, clock, checkpoint_dir) for row in [*rows, *_kept(session)]]
+    jobs = [load_job(session, row, clock, checkpoint_dir) for row in rows]
+    for row in _kept(session):
+        try:
+            jobs.append(load_job(session, row, clock, checkpoint_dir))
+        except Exception:  # an old ended job that no longer loads: its files stay, as before
+            log.exception(
+                "job %s (ended) could not be rebuilt to dispose of what it kept", row.job_id
+            )
+    return jobs
 
 
 def _kept(session: Session) -> list[Job]:
@@ -75,13 +86,15 @@ def _kept(session: Session) -> list[Job]:
         .group_by(Checkpoint.job_id)
         .having(func.count() > 1)
     ).all()
-    jobs = [session.get(Job, job_id) for job_id, _ in counts]
-    retained = {job_id: n for job_id, n in counts}
-    return [
-        job
-        for job in jobs
-        if job is not None and retained[job.job_id] > int(job.checkpoint_config.get("retained", 1))
-    ]
+    kept = []
+    for job_id, n in counts:
+        job = session.get(Job, job_id)
+        if job is None:
+            continue
+        retained = (job.checkpoint_config or {}).get("retained", 1)
+        if isinstance(retained, int) and n > retained:  # else load_job could not rebuild it
+            kept.append(job)
+    return kept
 
 
 def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> JobRuntime:

@@ -274,6 +274,12 @@ class Registrations:
         point = batch.restore_points.get(path)
         if not isinstance(point, RestorePoint):
             raise ConfigurationError(f"--from-checkpoint {path!r}: {_unreadable(point)}")
+        gone = origins.deleted_at(batch.writer.session, path)
+        if gone is not None:  # read just before its deletion
+            raise ConfigurationError(
+                f"--from-checkpoint {path!r}: {gone} there was deleted (a newer one subsumed "
+                "it); start from a savepoint or from a checkpoint the job retains now"
+            )
         roots = self.roots.of_job(config)
         for state in (path for a in point.acks for h in a.handles for path in state_paths(h)):
             if not roots.contains(state):

@@ -222,8 +222,14 @@ def restore(
             "checkpoint_id, savepoint_path",
             "give exactly one of checkpoint_id or savepoint_path",
         )
-    # Until it is applied, retention keeps a checkpoint restored by its path.
-    with plane.starting_from([savepoint_path] if savepoint_path else []):
+    # Until it is applied, retention keeps the checkpoint restored (read outside the lock).
+    path = savepoint_path
+    if checkpoint_id is not None:
+        with plane.lock:
+            rt = plane.jobs.get(job_id)
+            held = rt.coordinator.store.get(checkpoint_id) if rt is not None else None
+            path = held.external_path if held is not None else None
+    with plane.starting_from([path] if path else []):
         return _restore(plane, job_id, checkpoint_id, savepoint_path)
 
 
@@ -254,6 +260,13 @@ def _restore(
     with plane.unit() as batch:
         if cp.external_path and storage_io.location_of(cp.external_path) in plane.disposing:
             raise ConflictError(f"{cp.external_path} is being disposed of")
+        held = origins.held(rt, cp.checkpoint_id, cp.external_path)
+        gone = origins.deleted_at(batch.writer.session, cp.external_path or "")
+        if (checkpoint_id is not None and held is None) or (held is None and gone):
+            raise ConflictError(  # subsumed or disposed of while its files were read
+                f"{gone or f'checkpoint {cp.checkpoint_id}'} was deleted while its files were "
+                "checked; restore a checkpoint the job retains now"
+            )
         batch.touched.add(job_id)
         request_id = _new_operation(
             batch, rt, "restore", checkpoint_id=cp.checkpoint_id, path=cp.external_path

@@ -300,7 +300,9 @@ def aliases(url: str) -> set[Location]:
     Raises:
         ValueError: a URL with a NUL byte.
     """
-    where = Location.of(url.rstrip("/").removesuffix("/_metadata"))
+    if url.rstrip("/").endswith("/_metadata"):
+        url = url.rstrip("/").removesuffix("/_metadata")
+    where = Location.of(url)
     if where.protocol != LOCAL:
         return {where}
     return {where, Location(LOCAL, _resolved(where.path))}
@@ -309,8 +311,12 @@ def aliases(url: str) -> set[Location]:
 @functools.lru_cache(maxsize=4096)
 def _resolved(path: str) -> str:
     """``os.path.realpath``, once per path: callers under the coordination lock compare the
-    same origins again and again, and each resolution is a system call per path component."""
-    return os.path.realpath(path)
+    same origins again and again, and each resolution is a system call per path component.
+    A filesystem error leaves the path as it is."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        return path
 
 
 def same_place(url: str, other: str) -> bool:

@@ -9,14 +9,17 @@ every job can do better."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from service_harness import Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
+from sparkpoint_server.errors import ConflictError
+from sparkpoint_server.service import requests
 from sparkpoint_server.storage.failover_target import origin_of
-from sparkpoint_server.storage.models import Checkpoint
+from sparkpoint_server.storage.models import Checkpoint, Job
 
 NO_DELAY = {
     "restart-strategy.type": "fixed-delay",
@@ -230,3 +233,75 @@ def test_what_an_ended_owner_kept_goes_after_a_control_plane_restart(harness: Ha
     other.ack_all(1, trigger.checkpoint_id)
     harness.tick()
     assert not os.path.exists(_metadata(url)) and _discarded(harness, cid)
+
+
+def test_a_savepoint_a_job_is_starting_from_is_not_disposed_of(harness: Harness) -> None:
+    harness.start()
+    savepoint, location = harness.savepoint("sp-starting")
+    _checkpoint(harness)  # the savepoint is no longer the newest restore point
+    refused = pytest.raises(ConflictError, match="a job is starting from it")
+    with harness.plane.starting_from([location + "/_metadata"]), refused:
+        harness.plane.dispose_savepoint(location)
+    assert harness.plane.dispose_savepoint(location)["checkpoint-id"] == savepoint
+
+
+def test_a_checkpoint_restored_by_its_id_is_kept_while_the_restore_reads_it(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention drops it while the restore request checks its files, outside the lock."""
+    harness.start(restart_strategy=NO_DELAY)
+    cid = _checkpoint(harness)
+    url = "file://" + os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    check = requests._check_files
+
+    def meanwhile(*args: object) -> None:
+        _checkpoint(harness)
+        check(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(requests, "_check_files", meanwhile)
+    harness.commands()
+    harness.plane.restore(harness.job_id, cid, None)
+    [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
+    assert (restore.new_attempt, restore.checkpoint_id) == (2, cid)
+    harness.tick()
+    assert os.path.isfile(_metadata(url)) and not _discarded(harness, cid)
+    harness.send(2, p.JobRestored(checkpoint_id=cid, external_path=restore.external_path))
+    harness.running(2)
+    _checkpoint(harness, attempt=2)
+    harness.tick()
+    assert not os.path.exists(_metadata(url)) and _discarded(harness, cid)
+
+
+def test_an_ended_job_that_no_longer_loads_does_not_stop_a_restart(harness: Harness) -> None:
+    other, _, url = _started_from(harness)
+    _checkpoint(harness)
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    with harness.sessions() as s:  # rows a newer version can no longer read
+        job = s.get(Job, harness.job_id)
+        assert job is not None
+        job.graph = {"vertices": "not a list"}
+        s.commit()
+    other.new_control_plane()
+    assert other.job_id in other.plane.jobs and harness.job_id not in other.plane.jobs
+    assert os.path.isfile(_metadata(url))  # what it kept stays, as before
+
+
+def test_a_registration_that_read_a_checkpoint_just_before_its_deletion_is_refused(
+    harness: Harness, tmp_path: os.PathLike[str]
+) -> None:
+    """Retention decided, the files were still there when the registration read them: the
+    row says it went, and the job does not start from files about to disappear."""
+    harness.start()
+    cid = _checkpoint(harness)
+    url = "file://" + os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    copy = os.path.join(tmp_path, "copy")
+    shutil.copytree(url.removeprefix("file://"), copy)
+    _checkpoint(harness)
+    assert _discarded(harness, cid) and not os.path.exists(_metadata(url))
+    shutil.copytree(copy, url.removeprefix("file://"))  # as when the read came first
+    other = harness.another_job()
+    other.register(incarnation="driver-9", from_checkpoint=url + "/_metadata", interval_ms=0)
+    [(_, refused)] = other.commands()
+    assert isinstance(refused, p.CancelJob) and refused.status is p.JobStatus.FAILED
+    assert f"checkpoint {cid} of job {harness.job_id} there was deleted" in (refused.cause or "")
