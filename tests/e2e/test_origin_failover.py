@@ -77,9 +77,13 @@ def _finished(job: subprocess.Popen[str]) -> str:
     return output
 
 
+@pytest.mark.parametrize("rerun", [False, True], ids=["a-new-job", "the-same-job-run-again"])
 def test_a_job_started_from_a_savepoint_fails_over_to_it_exactly_once(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, tmp_path: Path, rerun: bool
 ) -> None:
+    """``rerun``: the stopped job itself is run again from its savepoint (``--job-id``, the
+    control plane's RERUN) instead of a new job; ``--fail-after`` fails attempt 1 only, so the
+    run again (attempt 2) does not fail: its output with the stopped run's is still exact."""
     first = _pv(server, tmp_path, "first", "--checkpoint-interval", "0.5")
     try:
         with server.api() as api:
@@ -107,19 +111,20 @@ def test_a_job_started_from_a_savepoint_fails_over_to_it_exactly_once(
         server,
         tmp_path,
         "second",
+        *(["--job-id", job_id] if rerun else []),
         "--checkpoint-interval",
         "30",
         "--from-checkpoint",
         location,
-        "--fail-after",
-        str(fail_at),
+        *([] if rerun else ["--fail-after", str(fail_at)]),
     )
     output = _finished(second)
-    assert "injected failure" in output
+    assert ("injected failure" in output) is not rerun
     assert line_counts(str(tmp_path / "out")) == expected_every_lines(EVENTS)
     with server.api() as api:
-        jobs = api.get("/jobs").json()["jobs"]
-        [resumed] = [j["id"] for j in jobs if j["id"] != job_id]
+        jobs = [j["id"] for j in api.get("/jobs").json()["jobs"]]
+        [resumed] = [job_id] if rerun else [j for j in jobs if j != job_id]
+        assert len(jobs) == (1 if rerun else 2)
         final = api.get(f"/jobs/{resumed}").json()
         assert (final["state"], final["attempt"]) == ("FINISHED", 2)
         history = api.get(f"/jobs/{resumed}/checkpoints").json()
