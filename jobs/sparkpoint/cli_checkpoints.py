@@ -62,7 +62,7 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
         lines.append(f"a failover restores: {failover_text(latest['failover'])}")
     for kept in latest.get("origin_of") or []:
         lines.append(
-            f"other jobs' restore point: checkpoint {kept['id']}: {', '.join(kept['jobs'])} "
+            f"other jobs' restore point: {_kind(kept)} {kept['id']}: {', '.join(kept['jobs'])} "
             "would restore it in a failover (kept until they have a checkpoint of their own)"
         )
     rows = [
@@ -165,3 +165,7 @@ def lines(job_id: str, shown: dict[str, Any]) -> list[str]:
     if "details" in shown:
         return details_lines(job_id, shown["details"], shown["operators"])
     return history_lines(shown["job"], shown["checkpoints"])
+
+
+def _kind(entry: dict[str, Any]) -> str:
+    return "savepoint" if entry.get("is_savepoint") else "checkpoint"

@@ -351,3 +351,7 @@ def test_a_checkpoint_kept_for_other_jobs_links_them() -> None:
         "/jobs/fork-2",
     ]
     assert "Other jobs" not in _text(latest_view({"origin_of": []}, JOB, NOW)[-1])
+    savepoint = [{**kept[0], "is_savepoint": True}]
+    assert "restore pointssavepoint #3: fork-1" in _text(
+        latest_view({"origin_of": savepoint}, JOB, NOW)[-1]
+    )

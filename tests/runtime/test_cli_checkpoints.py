@@ -26,3 +26,6 @@ def test_a_checkpoint_kept_for_other_jobs_is_named_with_them() -> None:
         "no checkpoint yet",
     ]
     assert not any("other jobs" in line for line in history_lines(JOB, _stats(failover=failover)))
+    savepoint = {**kept, "is_savepoint": True, "jobs": ["fork-1"]}
+    [line] = [x for x in history_lines(JOB, _stats(origin_of=[savepoint])) if "other" in x]
+    assert line.startswith("other jobs' restore point: savepoint 3: fork-1 would restore it")

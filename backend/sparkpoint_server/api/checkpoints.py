@@ -70,7 +70,8 @@ SUBTASKS_PAGE = 1024  # subtasks per answer unless ``limit`` says otherwise
     "not restore (a restore request still may). `latest.origin_of` (Sparkpoint's): the "
     "job's retained checkpoints that another live job started from (or restored by its path) "
     "and would restore in a failover, having no checkpoint since, oldest first: `id`, "
-    "`external_path` and those `jobs`; retention keeps them past `retained` until then.",
+    "`is_savepoint`, `external_path` and those `jobs`; retention keeps them past `retained` "
+    "until then.",
     response_model=None,
     responses={**answer(CheckpointStatistics), **errors(404)},
 )

@@ -82,25 +82,29 @@ _STARTED_ELSEWHERE = select(J.job_id, J.origin_path).where(
 def origin_of(session: Session, job_id: str) -> list[dict[str, Any]]:
     """The job's retained checkpoints that another live job's failover would restore by their
     path (it started from one, or restored it, and has no checkpoint since), oldest first:
-    ``id``, ``external_path`` and the ``jobs`` that rely on it. Retention keeps them, past
-    ``retained`` if need be, until those jobs no longer do (``service.origins.relied_on``)."""
+    ``id``, ``is_savepoint``, ``external_path`` and the ``jobs`` that rely on it. Retention
+    keeps them, past ``retained`` if need be, until those jobs no longer do
+    (``service.origins.relied_on``)."""
     others = session.execute(_STARTED_ELSEWHERE, {"job_id": job_id}).all()
     if not others:
         return []
     retained = [
-        (cid, path)
-        for cid, _, path in session.execute(_RETAINED, {"job_id": job_id}).all()
+        (cid, kind, path)
+        for cid, kind, path in session.execute(_RETAINED, {"job_id": job_id}).all()
         if path is not None
     ]
     found: dict[int, dict[str, Any]] = {}
     for other, origin_path in sorted(others):
-        at = [(cid, path) for cid, path in retained if same_place(path, origin_path)]
+        at = [row for row in retained if same_place(row[2], origin_path)]
         if not at:  # its line started elsewhere: no query for it
             continue
         target = failover_target(session, other)
         if target["is_savepoint"] is not None or target["external_path"] is None:
             continue  # it would restore a checkpoint of its own, or the beginning
-        for cid, path in at:
-            entry = found.setdefault(cid, {"id": cid, "external_path": path, "jobs": []})
+        for cid, kind, path in at:
+            entry = found.setdefault(
+                cid,
+                {"id": cid, "is_savepoint": kind == "savepoint", "external_path": path, "jobs": []},
+            )
             entry["jobs"].append(other)
     return [found[cid] for cid in sorted(found)]

@@ -189,7 +189,7 @@ def kept_lines(kept: list[dict[str, Any]], job_id: str) -> list[Any]:
             others += [", " if i else "", dcc.Link(other, href=job_path(other))]
         lines.append(
             [
-                "checkpoint ",
+                "savepoint " if entry.get("is_savepoint") else "checkpoint ",
                 dcc.Link(f"#{entry['id']}", href=checkpoint_path(job_id, entry["id"])),
                 ": ",
                 *others,

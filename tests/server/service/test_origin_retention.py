@@ -143,7 +143,7 @@ def test_the_api_names_the_checkpoint_kept_and_the_job_that_relies_on_it(
     _checkpoint(harness)
     with harness.sessions() as s:
         assert origin_of(s, harness.job_id) == [
-            {"id": cid, "external_path": url, "jobs": [other.job_id]}
+            {"id": cid, "is_savepoint": False, "external_path": url, "jobs": [other.job_id]}
         ]
         assert origin_of(s, other.job_id) == []
     other.plane.trigger_checkpoint(other.job_id)
