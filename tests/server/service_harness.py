@@ -119,19 +119,7 @@ class Harness:
         **config: Any,
     ) -> None:
         """``job_registered``; ``heartbeat_interval_ms``: a driver that sends heartbeats."""
-        conf = {
-            "mode": "exactly_once",
-            "interval_ms": 1000,
-            "timeout_ms": 10_000,
-            "min_pause_ms": 0,
-            "max_concurrent": 1,
-            "tolerable_failures": 0,
-            "retained": 1,
-            "checkpoint_storage": "filesystem",
-            "checkpoint_dir": self.checkpoint_dir,
-            "restart_strategy": {"restart-strategy.type": "fixed-delay"},
-            **config,
-        }
+        conf = self.config(**config)
         self.send(
             0,
             p.JobRegistered(
@@ -144,6 +132,22 @@ class Harness:
                 previous_failure=previous_failure,
             ),
         )
+
+    def config(self, **config: Any) -> dict[str, Any]:
+        """A registration's configuration: the harness's defaults, then ``config``."""
+        return {
+            "mode": "exactly_once",
+            "interval_ms": 1000,
+            "timeout_ms": 10_000,
+            "min_pause_ms": 0,
+            "max_concurrent": 1,
+            "tolerable_failures": 0,
+            "retained": 1,
+            "checkpoint_storage": "filesystem",
+            "checkpoint_dir": self.checkpoint_dir,
+            "restart_strategy": {"restart-strategy.type": "fixed-delay"},
+            **config,
+        }
 
     def driver_heartbeat(self, attempt: int, incarnation: str = "driver-1") -> None:
         """The driver process ``incarnation`` is alive."""

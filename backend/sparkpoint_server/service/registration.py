@@ -26,6 +26,7 @@ from sparkpoint_server.coordination.job import (
     Origin,
     build_runtime,
     checkpoint_config_dict,
+    tasks_of,
 )
 from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import decisions as d
@@ -133,6 +134,7 @@ class Registrations:
         """
         lost, rt.incarnation = rt.driver_lost, ev.incarnation
         _new_driver(batch, rt, ev)
+        _adopt_graph(batch, rt, ev)
         self._watch(batch, rt, ev)
         _tell_configuration(batch, rt, ev)
         restarted = "the job's driver process registered again (it was restarted)"
@@ -167,6 +169,7 @@ class Registrations:
         without a previous failure comes here."""
         ended, rt.incarnation = rt.status.value, ev.incarnation
         _new_driver(batch, rt, ev)
+        _adopt_graph(batch, rt, ev)
         self._watch(batch, rt, ev)
         _tell_configuration(batch, rt, ev)
         path = point.external_path or str(ev.config["from_checkpoint"])
@@ -202,10 +205,7 @@ class Registrations:
         hb.watch(batch, rt, interval, self.clock.monotonic_ms())
 
     def _new_job(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
-        graph = {
-            "vertices": [v.model_dump(mode="json") for v in ev.vertices],
-            "edges": [list(e) for e in ev.edges],
-        }
+        graph = _graph_of(ev)
         config = dict(ev.config)
         point = self._start_point(batch, config)
         rt = build_runtime(
@@ -369,6 +369,26 @@ def _new_driver(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
         spark_executors=None,
         **_guarantee_columns(ev),  # the new driver may run a changed job
     )
+
+
+def _graph_of(ev: p.JobRegistered) -> dict[str, Any]:
+    return {
+        "vertices": [v.model_dump(mode="json") for v in ev.vertices],
+        "edges": [list(e) for e in ev.edges],
+    }
+
+
+def _adopt_graph(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+    """The graph of the driver that registers now is the job's: a job run again on a new
+    version or at another parallelism (``--from-checkpoint`` of its savepoint, as Flink
+    rescales) acknowledges with its own subtasks, which the old graph would refuse."""
+    graph = _graph_of(ev)
+    if graph == rt.graph or not tasks_of(graph):
+        return
+    log.info("job %s: a driver registered with another graph; it is the job's now", rt.job_id)
+    rt.graph = graph
+    rt.coordinator.set_tasks(rt.tasks)
+    batch.writer.job(rt.job_id, graph=graph)
 
 
 def _tell_configuration(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:

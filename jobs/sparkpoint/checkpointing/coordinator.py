@@ -144,6 +144,17 @@ class CheckpointCoordinator:
         failed, self._failed = self._failed, []
         return failed
 
+    def set_tasks(self, tasks: dict[str, int]) -> None:
+        """The job's operators changed (a driver registered with another graph: a new version
+        of the job, another parallelism): the subtasks that acknowledge from now on. Pending
+        checkpoints expected the old ones; the new attempt that follows aborts them.
+
+        Raises:
+            ConfigurationError: when ``tasks`` is empty or a parallelism is below 1.
+        """
+        self._expected = expected_subtasks(self.job_id, tasks)
+        self._operators = ", ".join(f"{op} x{n}" for op, n in sorted(tasks.items()))
+
     @property
     def subsumed_waiting(self) -> bool:
         """Whether retention dropped checkpoints that :meth:`drain_subsumed` has not handed

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_harness import Harness
+from service_harness import VERTICES, Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
 from sparkpoint_server.storage.failover_target import failover_target
-from sparkpoint_server.storage.models import Job, JobException, Operation
+from sparkpoint_server.storage.models import Checkpoint, Job, JobException, Operation
 
 NO_DELAY = {
     "restart-strategy.type": "fixed-delay",
@@ -227,6 +227,41 @@ def test_an_ended_job_run_again_starts_from_its_from_checkpoint(harness: Harness
     harness.register(incarnation="run-3", restart_strategy=NO_DELAY)
     [resumed] = _restores(harness)
     assert (resumed.new_attempt, resumed.checkpoint_id) == (5, own)
+
+
+def test_an_ended_job_run_again_at_another_parallelism_checkpoints_with_its_new_subtasks(
+    harness: Harness,
+) -> None:
+    """Stop with a savepoint, run again from it at parallelism 3 (as Flink rescales): the
+    control plane takes the new driver's graph, so the third subtasks' acknowledgements
+    complete checkpoints instead of being refused as unknown."""
+    harness.start(restart_strategy=NO_DELAY)
+    savepoint, location = harness.savepoint("sp-rescale")
+    harness.plane.cancel(harness.job_id)
+    harness.send(1, p.JobStatusChanged(status=p.JobStatus.CANCELED))
+    harness.commands()
+    wider = [v.model_copy(update={"parallelism": 3}) for v in VERTICES]
+    conf = harness.config(from_checkpoint=location, restart_strategy=NO_DELAY)
+    harness.send(
+        0,
+        p.JobRegistered(
+            job_name="pv", vertices=wider, edges=[("source", "pv")], config=conf, incarnation="r3"
+        ),
+    )
+    [restore] = _restores(harness)
+    assert (restore.new_attempt, restore.checkpoint_id) == (2, savepoint)
+    harness.running(2)
+    cid = harness.trigger_periodic(2)
+    harness.send(2, *(harness.ack(2, cid, op, i) for op in ("source", "pv") for i in range(3)))
+    with harness.sessions() as s:
+        row = s.scalars(
+            select(Checkpoint).where(
+                Checkpoint.job_id == harness.job_id, Checkpoint.checkpoint_id == cid
+            )
+        ).one()
+        assert (row.status, row.num_acknowledged_subtasks) == ("COMPLETED", 6)
+        job = s.get(Job, harness.job_id)
+        assert job is not None and [v["parallelism"] for v in job.graph["vertices"]] == [3, 3]
 
 
 def test_an_ended_job_run_again_from_no_checkpoint_is_refused_and_stays_ended(
