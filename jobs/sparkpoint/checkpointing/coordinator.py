@@ -31,6 +31,7 @@ from sparkpoint.checkpointing.pending import (
     format_subtasks,
 )
 from sparkpoint.checkpointing.store import CompletedCheckpointStore
+from sparkpoint.checkpointing.trigger_timing import TriggerTiming
 from sparkpoint.clock import Clock
 from sparkpoint.errors import (
     CheckpointError,
@@ -72,8 +73,7 @@ class CheckpointCoordinator:
         if next_checkpoint_id < 1:
             raise ConfigurationError(f"job {job_id}: next_checkpoint_id must be >= 1")
         self.job_id = job_id
-        self._expected = expected_subtasks(job_id, tasks)
-        self._operators = ", ".join(f"{op} x{n}" for op, n in sorted(tasks.items()))
+        self.set_tasks(tasks)
         self._config = config
         self._clock = clock
         self._attempt = attempt
@@ -84,8 +84,7 @@ class CheckpointCoordinator:
         self._completed_ids: set[int] = set()
         self._failed: list[FailedCheckpoint] = []
         self._subsumed: list[tuple[int | None, CompletedCheckpoint]] = []  # (subsumed by, cp)
-        self._periodic_base_mono = clock.monotonic_ms()
-        self._last_finished_mono: float | None = None
+        self._timing = TriggerTiming(clock)
         self._must_fail_cause: str | None = None
 
     # ------------------------------------------------------------------------- state
@@ -157,8 +156,7 @@ class CheckpointCoordinator:
 
     @property
     def subsumed_waiting(self) -> bool:
-        """Whether retention dropped checkpoints that :meth:`drain_subsumed` has not handed
-        out yet."""
+        """Whether :meth:`drain_subsumed` has checkpoints to hand out."""
         return bool(self._subsumed)
 
     def drain_subsumed(self) -> list[CompletedCheckpoint]:
@@ -172,7 +170,7 @@ class CheckpointCoordinator:
     def start_periodic_timer(self) -> None:
         """The job (re)started running: the next periodic checkpoint is one interval away
         (Flink starts its checkpoint scheduler when the job reaches RUNNING)."""
-        self._periodic_base_mono = self._clock.monotonic_ms()
+        self._timing.restart()
 
     def periodic_due(self) -> bool:
         """Whether to trigger a periodic checkpoint now: the interval has passed since the last
@@ -182,9 +180,9 @@ class CheckpointCoordinator:
         return (
             cfg.interval_ms > 0
             and not self.must_fail_job
-            and now - self._periodic_base_mono >= cfg.interval_ms
+            and now - self._timing.periodic_base >= cfg.interval_ms
             and len(self._pending) < cfg.max_concurrent
-            and self._pause_left(now) <= 0
+            and self._timing.pause_left(cfg.min_pause_ms, now) <= 0
         )
 
     def trigger(
@@ -215,12 +213,13 @@ class CheckpointCoordinator:
                     f"{len(self._pending)} checkpoint(s) pending ({pending}), "
                     f"max concurrent is {cfg.max_concurrent}",
                 )
-            if periodic and self._pause_left(now) > 0:
+            left = self._timing.pause_left(cfg.min_pause_ms, now)
+            if periodic and left > 0:
                 raise CheckpointTriggerError(
                     self.job_id,
                     Reason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
                     f"minimum pause of {cfg.min_pause_ms} ms between checkpoints not over "
-                    f"({self._pause_left(now):g} ms left)",
+                    f"({left:g} ms left)",
                 )
         checkpoint = PendingCheckpoint(
             checkpoint_id=self._next_id,
@@ -236,7 +235,7 @@ class CheckpointCoordinator:
         self._next_id += 1
         self._pending[checkpoint.checkpoint_id] = checkpoint
         if kind is CheckpointKind.CHECKPOINT:
-            self._periodic_base_mono = now
+            self._timing.periodic_base = now
         return checkpoint
 
     # ------------------------------------------------------------------------- task messages
@@ -390,17 +389,10 @@ class CheckpointCoordinator:
         acknowledgements, (5) the periodic and pause clocks continue from the recorded
         wall-clock times.
         """
-        # Steps 1 and 2: a checkpoint's pins come back as it enters, before a later one can
-        # subsume it. What the replay subsumes and no pin holds was kept past retention
-        # (another job's origin, whose pin is the host's to give again): the next drain
-        # hands it to the host, which keeps it or deletes it.
-        why_pinned: dict[int, list[str]] = {}
-        for checkpoint_id, why in pins:
-            why_pinned.setdefault(checkpoint_id, []).append(why)
-        for cp in sorted(completed, key=lambda c: c.checkpoint_id):
-            self._subsumed.extend((None, old) for old in self.store.add(cp))
-            for why in why_pinned.get(cp.checkpoint_id, ()):
-                self.store.pin(cp.checkpoint_id, why)
+        # Steps 1 and 2; the next drain hands what the replay subsumes to the host.
+        completed = sorted(completed, key=lambda c: c.checkpoint_id)
+        self._subsumed.extend((None, old) for old in self.store.replay(completed, pins))
+        for cp in completed:
             self._completed_ids.add(cp.checkpoint_id)
             self.failure_manager.handle_success(cp.checkpoint_id)
         # Step 3
@@ -411,25 +403,16 @@ class CheckpointCoordinator:
             self._pending[pc.checkpoint_id] = pc
             self._next_id = max(self._next_id, pc.checkpoint_id + 1)
         # Step 5
-        wall, mono = self._clock.now_ms(), self._clock.monotonic_ms()
-        if last_trigger_timestamp is not None:
-            self._periodic_base_mono = mono - max(0, wall - last_trigger_timestamp)
-        if last_finished_timestamp is not None:
-            self._last_finished_mono = mono - max(0, wall - last_finished_timestamp)
+        self._timing.recover(last_trigger_timestamp, last_finished_timestamp)
 
     def monotonic_of(self, timestamp: int) -> float:
         """The monotonic time of a recorded wall-clock timestamp (for recovered deadlines)."""
-        return self._clock.monotonic_ms() - max(0, self._clock.now_ms() - timestamp)
+        return self._timing.monotonic_of(timestamp)
 
     # ------------------------------------------------------------------------- internals
 
     def _name(self, checkpoint_id: int) -> str:
         return f"checkpoint {checkpoint_id} of job {self.job_id}"
-
-    def _pause_left(self, now: float) -> float:
-        if self._last_finished_mono is None:
-            return 0.0
-        return self._config.min_pause_ms - (now - self._last_finished_mono)
 
     def _check_message(self, attempt: int, checkpoint_id: int, key: SubtaskKey, what: str) -> None:
         what = f"job {self.job_id}: {what} by {key[0]}[{key[1]}]"
@@ -455,7 +438,7 @@ class CheckpointCoordinator:
         del self._pending[cid]
         completed = pending.finalize(self._clock.now_ms(), now)
         self._completed_ids.add(cid)
-        self._last_finished_mono = now
+        self._timing.finished(now)
         # Step 2: into the store; retention may subsume older completed checkpoints.
         self._subsumed.extend((cid, cp) for cp in self.store.add(completed))
         # Step 3: a completion resets the failure count.
@@ -474,7 +457,7 @@ class CheckpointCoordinator:
         self, pending: PendingCheckpoint, reason: Reason, message: str, by: SubtaskKey | None = None
     ) -> FailedCheckpoint:
         del self._pending[pending.checkpoint_id]
-        self._last_finished_mono = self._clock.monotonic_ms()
+        self._timing.finished()
         failed = pending.abort(reason, message, self._clock.now_ms(), by)
         self._report_failure(failed)
         return failed
@@ -512,5 +495,5 @@ class CheckpointCoordinator:
         aborted = self._abort_pending(reason, why)
         self._attempt += 1
         self._must_fail_cause = None
-        self._periodic_base_mono = self._clock.monotonic_ms()
+        self._timing.restart()
         return FailoverDecision(self._attempt, restore_from, cause, aborted)

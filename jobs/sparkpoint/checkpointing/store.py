@@ -8,6 +8,8 @@ is never handed out for deletion; once its last pin is released, :meth:`unpin` r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
 
@@ -58,6 +60,26 @@ class CompletedCheckpointStore:
             raise CheckpointError(f"checkpoint {cid} is already in the completed-checkpoint store")
         self._checkpoints[cid] = checkpoint
         return self._subsume()
+
+    def replay(
+        self, completed: Iterable[CompletedCheckpoint], pins: Iterable[tuple[int, str]]
+    ) -> list[CompletedCheckpoint]:
+        """Retention again over the records of a host that restarted: each checkpoint enters
+        in id order and its pins come back as it enters, before a later one can subsume it.
+
+        Returns:
+            What the replay subsumed and no pin holds: kept past retention for a reason that
+            ended with the host (another job's origin, whose pin is the host's to give again).
+        """
+        why_pinned: dict[int, list[str]] = {}
+        for checkpoint_id, why in pins:
+            why_pinned.setdefault(checkpoint_id, []).append(why)
+        dropped: list[CompletedCheckpoint] = []
+        for checkpoint in sorted(completed, key=lambda c: c.checkpoint_id):
+            dropped += self.add(checkpoint)
+            for why in why_pinned.get(checkpoint.checkpoint_id, ()):
+                self.pin(checkpoint.checkpoint_id, why)
+        return dropped
 
     def remove(self, checkpoint_id: int) -> CompletedCheckpoint:
         """Take a checkpoint out of the store (a failed finalization, a disposed savepoint).
