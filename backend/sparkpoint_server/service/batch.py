@@ -9,7 +9,7 @@ delete state the database still lists).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from sparkpoint import protocol as p
 from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import storage_io
+from sparkpoint_server.service.storage_io import Location
 from sparkpoint_server.storage.repository import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Batch:
     jobs: dict[str, Any] = field(default_factory=dict)
     # Where registrations and restore requests read the checkpoints they start from, before
     # they are applied (the control plane's, live): retention keeps those too.
-    starting: Any = field(default_factory=tuple)
+    starting: Collection[Location] = field(default_factory=tuple)
 
     def command(self, job_id: str, attempt: int, payload: Any) -> None:
         self.commands.append(p.envelope(job_id, attempt, self.now, payload))

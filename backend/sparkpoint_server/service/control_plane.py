@@ -153,6 +153,9 @@ class ControlPlane:
         until it is applied, no retention deletes them (:func:`~.origins.relied_on`)."""
         # (A path with a NUL byte is no place: reading it fails, and the job is refused.)
         places = [at for path in paths if "\x00" not in path for at in storage_io.aliases(path)]
+        if not places:  # most ingest batches: no registration, no lock taken
+            yield
+            return
         with self._lock:
             self.starting.update(places)
         try:
@@ -264,7 +267,8 @@ class ControlPlane:
                 self.jobs[rt.job_id] = rt
         commands = []
         now = self.clock.now_ms()
-        for rt in (rt for rt in self.jobs.values() if rt.active):
+        active = [rt for rt in self.jobs.values() if rt.active]  # not recovery._kept's
+        for rt in active:
             # A trigger may have been lost between the commit and the send: the job ignores
             # one it already has (by id), so pending checkpoints are triggered again.
             for pc in sorted(rt.coordinator.pending.values(), key=lambda c: c.checkpoint_id):
@@ -276,8 +280,7 @@ class ControlPlane:
                     payload = p.NotifyCheckpointComplete(checkpoint_id=cid)
                     commands.append(p.envelope(rt.job_id, cp.attempt, now, payload))
         self._send(commands)
-        active = sum(rt.active for rt in self.jobs.values())
-        log.info("control plane recovered %d unfinished job(s)", active)
+        log.info("control plane recovered %d unfinished job(s)", len(active))
 
     # ------------------------------------------------------------------ ingest
 

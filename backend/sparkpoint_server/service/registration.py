@@ -10,6 +10,7 @@ here), applied under the coordination lock; the checkpoints they name were read 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint import protocol as p
@@ -312,25 +313,27 @@ def read_restore_point(path: str) -> RestorePoint:
     return restore_point_from_metadata(storage_for_checkpoint_path(path), path)
 
 
+def _starts(
+    messages: list[ReceivedMessage],
+) -> Iterator[tuple[ReceivedMessage, dict[str, Any], str]]:
+    """The registrations among ``messages`` that name a checkpoint to start from: each with
+    its configuration and that checkpoint."""
+    for m in messages:
+        if isinstance(m.payload, p.JobRegistered) and m.payload.config.get("from_checkpoint"):
+            yield m, m.payload.config, str(m.payload.config["from_checkpoint"])
+
+
 def start_paths(messages: list[ReceivedMessage]) -> list[str]:
     """The checkpoints that the registrations among ``messages`` start from."""
-    return [
-        str(m.payload.config["from_checkpoint"])
-        for m in messages
-        if isinstance(m.payload, p.JobRegistered) and m.payload.config.get("from_checkpoint")
-    ]
+    return [path for _, _, path in _starts(messages)]
 
 
 def read_restore_points(plane: ControlPlane, messages: list[ReceivedMessage]) -> dict[str, Any]:
     """Before taking the lock: the checkpoints that registrations name to start from
     (``--from-checkpoint``), each read with the storage timeout (or why it could not be)."""
     points: dict[str, Any] = {}
-    for m in messages:
-        if not isinstance(m.payload, p.JobRegistered):
-            continue
-        config = m.payload.config
-        path = str(config.get("from_checkpoint") or "")
-        if not path or path in points or plane.roots.registration_refusal(config):
+    for m, config, path in _starts(messages):
+        if path in points or plane.roots.registration_refusal(config):
             continue
         what = f"job {m.envelope.job_id}: reading --from-checkpoint {path}"
         try:
