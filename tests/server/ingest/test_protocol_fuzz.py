@@ -145,17 +145,8 @@ def expectation(entry: Hostile, h: Harness) -> tuple[Hostile, str] | None:
 
 def registration(h: Harness) -> p.JobRegistered:
     """The genuine job's registration (as ``Harness.register``, but sent through Redis)."""
-    config = {
-        "mode": "exactly_once",
-        "interval_ms": 1000,
-        "timeout_ms": 10_000,
-        "min_pause_ms": 0,
-        "max_concurrent": 1,
-        "tolerable_failures": 0,
-        "retained": 2,
-        "checkpoint_storage": "filesystem",
-        "checkpoint_dir": h.checkpoint_dir,
-    }
+    config = h.config(retained=2)
+    del config["restart_strategy"]  # none given: the control plane's default
     return p.JobRegistered(
         job_name="pv",
         vertices=VERTICES,
