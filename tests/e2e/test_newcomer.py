@@ -79,11 +79,12 @@ def test_a_newcomer_runs_the_demo_saves_restores_and_stops_it(tmp_path: Path) ->
         )
     try:
         # 1. What make demo prints: the URLs, the token and the two lines to paste.
-        exports = wait_for(
-            "the export lines",
-            lambda: dict(re.findall(r"export (SPARKPOINT_API_\w+)=(\S+)", log.read_text())),
-            180,
-        )
+        # Both lines, not the first one written: make's output reaches the log as it is printed.
+        def both_exports() -> dict[str, str] | None:
+            found = dict(re.findall(r"export (SPARKPOINT_API_\w+)=(\S+)\n", log.read_text()))
+            return found if len(found) == 2 else None
+
+        exports = wait_for("the export lines", both_exports, 180)
         assert set(exports) == {"SPARKPOINT_API_URL", "SPARKPOINT_API_TOKEN"}, log.read_text()
         api = exports["SPARKPOINT_API_URL"]
         assert api == f"http://127.0.0.1:{api_port}"
