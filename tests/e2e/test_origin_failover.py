@@ -6,7 +6,9 @@ since, through the real control plane, its driver and Spark:
   from the beginning would count the savepoint's events twice);
 - a job restored to an older checkpoint loses its driver before its next checkpoint: the new
   driver restores that checkpoint again, not the newer one the restore went back past (which
-  would silently undo the restore).
+  would silently undo the restore);
+- a job started from a running job's checkpoint loses its driver after the owner's retention
+  dropped that checkpoint: the owner kept it for the other job, which restores it again.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ pytestmark = pytest.mark.spark
 
 
 def _pv(
-    server: ServerProcess, tmp_path: Path, name: str, *extra: str, events: int = EVENTS
+    server: ServerProcess,
+    tmp_path: Path,
+    name: str,
+    *extra: str,
+    events: int = EVENTS,
+    output: str = "out",
 ) -> subprocess.Popen[str]:
     """The PV job (every record's count) as a user starts it, connected to ``server``."""
     return subprocess.Popen(
@@ -61,7 +68,7 @@ def _pv(
             "--rate",
             "1500",
             "--output",
-            str(tmp_path / "out"),
+            str(tmp_path / output),
         ],
         cwd=ROOT,
         env=server.env(),
@@ -228,3 +235,97 @@ def test_a_driver_lost_after_a_restore_to_an_older_checkpoint_restores_it_again(
     )
     assert sum(committed_at.values()) > sum(restored_at.values())
     assert line_counts(str(tmp_path / "out")) == expected
+
+
+def test_a_checkpoint_another_job_started_from_is_kept_for_its_failover(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The owner retains one checkpoint; the other job starts from it into its own output,
+    the owner goes on past it, the other job's driver dies before a checkpoint of its own:
+    its failover restores the owner's checkpoint by its path, which the owner kept for it."""
+    events = 3 * EVENTS  # 24 s of input: the owner still runs when the other job fails over
+    owner = _pv(
+        server, tmp_path, "owner", "--checkpoint-interval", "0.5", "--retained", "1", events=events
+    )
+    started: subprocess.Popen[str] | None = None
+    try:
+        with server.api() as api:
+            owner_id = first_job(api)
+            wait_for("two checkpoints", lambda: len(completed_checkpoints(api, owner_id)) >= 2)
+            # The owner's newest checkpoint stays its newest until the other job registered:
+            # nothing protects a checkpoint the control plane has not read yet.
+            answer = api.patch(f"/jobs/{owner_id}/checkpoints/config", json={"interval": 600_000})
+            assert answer.status_code == 200, answer.text
+            wait_for(
+                "the owner's checkpoints in flight to end",
+                lambda: (
+                    api.get(f"/jobs/{owner_id}/checkpoints").json()["counts"]["in_progress"] == 0
+                ),
+            )
+            origin = completed_checkpoints(api, owner_id)[0]
+            restored_at = _counts_at(origin["external_path"], events)
+            started = _pv(
+                server,
+                tmp_path,
+                "started",
+                "--checkpoint-interval",
+                "600",
+                "--from-checkpoint",
+                origin["external_path"],
+                events=events,
+                output="out-started",
+            )
+
+            def other_job() -> list[str]:
+                assert started is not None and started.poll() is None, _finished(started)
+                return [j["id"] for j in api.get("/jobs").json()["jobs"] if j["id"] != owner_id]
+
+            started_id = wait_for("the other job", other_job)[0]
+            wait_for(
+                "the other job to run",
+                lambda: api.get(f"/jobs/{started_id}").json()["state"] == "RUNNING",
+            )
+            answer = api.patch(f"/jobs/{owner_id}/checkpoints/config", json={"interval": 500})
+            assert answer.status_code == 200, answer.text
+            wait_for(
+                "two newer checkpoints of the owner",
+                lambda: completed_checkpoints(api, owner_id)[0]["id"] >= origin["id"] + 2,
+            )
+            kept = api.get(f"/jobs/{owner_id}/checkpoints").json()["latest"]["origin_of"]
+            assert [(k["id"], k["jobs"]) for k in kept] == [(origin["id"], [started_id])], kept
+            requested = api.get(f"/jobs/{started_id}/checkpoints").json()["latest"]["restored"]
+            [driver] = psutil.Process(started.pid).children()
+            driver.send_signal(signal.SIGKILL)
+
+            def restored_again() -> dict[str, Any] | None:
+                latest = api.get(f"/jobs/{started_id}/checkpoints").json()["latest"]
+                r = latest["restored"]
+                return r if r["restore_timestamp"] > requested["restore_timestamp"] else None
+
+            again = wait_for("the other job's failover", restored_again, 120)
+            assert (again["id"], again["external_path"]) == (origin["id"], origin["external_path"])
+            _finished(started)
+            _finished(owner)
+            final = api.get(f"/jobs/{started_id}").json()
+            assert (final["state"], final["attempt"]) == ("FINISHED", 2)
+            # Once no live job relies on it, the owner's retention deletes it as it meant to.
+            gone = Path(origin["external_path"].removeprefix("file://"))
+            wait_for("the kept checkpoint's deletion", lambda: not gone.exists(), 60)
+    finally:
+        for job in (owner, started):
+            if job is not None and job.poll() is None:
+                job.kill()
+    # The owner's output is a failure-free run's; the other job's is every line after the
+    # checkpoint it started from (its failed attempt committed nothing, and a restore commits
+    # the owner's pending transactions in the owner's output).
+    expected = expected_every_lines(events)
+    assert line_counts(str(tmp_path / "out")) == expected
+    after = Counter(
+        {
+            line: n
+            for line, n in expected.items()
+            if json.loads(line)["pv"] > restored_at[json.loads(line)["app_id"]]
+        }
+    )
+    assert sum(after.values()) < sum(expected.values())
+    assert line_counts(str(tmp_path / "out-started")) == after
