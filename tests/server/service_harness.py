@@ -37,6 +37,12 @@ class Stats:
 
 
 TASKS = {"source": 2, "pv": 2}
+# A restart strategy that restarts at once, five times.
+NO_DELAY = {
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.attempts": 5,
+    "restart-strategy.fixed-delay.delay": "0 s",
+}
 VERTICES = [
     p.VertexModel(id="source", name="source -> map", parallelism=2, operators=["source", "map"]),
     p.VertexModel(id="pv", name="pv -> sink", parallelism=2, operators=["pv", "sink"]),

@@ -33,9 +33,10 @@ from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
-from sparkpoint_server.service import origins, storage_io
+from sparkpoint_server.service import origins, run_settings, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
+from sparkpoint_server.service.run_settings import RunSettings
 from sparkpoint_server.service.storage_io import StorageRoots, state_paths
 from sparkpoint_server.storage.models import Job
 
@@ -101,17 +102,21 @@ class Registrations:
             batch.command(rt.job_id, rt.attempt, p.CancelJob(status=rt.status, cause=cause))
             return
         if rt is not None:
-            point = None
-            if not rt.active and ev.previous_failure is None and ev.config.get("from_checkpoint"):
-                try:  # an ended job run again: from the checkpoint its run names
-                    point = self._start_point(batch, dict(ev.config))
-                except (ConfigurationError, CheckpointError) as err:
-                    _refuse(batch, rt.job_id, rt.attempt, err)
-                    return
+            point, settings = None, None
+            try:
+                run_settings.check_storage(rt, ev, self.checkpoint_dir)
+                if not rt.active and ev.previous_failure is None:  # an ended job run again
+                    settings = run_settings.rerun_settings(ev)
+                    if ev.config.get("from_checkpoint"):  # from the checkpoint its run names
+                        point = self._start_point(batch, dict(ev.config))
+            except (ConfigurationError, CheckpointError) as err:
+                _refuse(batch, rt.job_id, rt.attempt, err)
+                return
             if point is not None:
-                self._rerun(batch, rt, ev, point)
+                assert settings is not None
+                self._rerun(batch, rt, ev, point, settings)
             else:
-                self._restarted_driver(batch, rt, ev)
+                self._restarted_driver(batch, rt, ev, settings)
             return
         # Step 3: a configuration the control plane cannot run is refused, and the job told why.
         try:
@@ -121,7 +126,9 @@ class Registrations:
             return
         self._watch(batch, self.jobs[env.job_id], ev)
 
-    def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+    def _restarted_driver(
+        self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered, settings: RunSettings | None
+    ) -> None:
         """A new driver process of a known job: fail over (:func:`~.failover.fail_over`),
         with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
 
@@ -129,24 +136,27 @@ class Registrations:
         restart strategy has decided: the new driver gets that restore (now, or from the
         timer when its delay is over), and no second failover is counted.
 
-        An ended job that runs again without a ``--from-checkpoint`` comes here too: it
-        continues from the newest checkpoint of its line (from the beginning, it would commit
-        its output again).
+        An ended job that runs again without a ``--from-checkpoint`` comes here too, with its
+        command line's ``settings``: it continues from the newest checkpoint of its line (from
+        the beginning, it would commit its output again).
         """
         lost, rt.incarnation = rt.driver_lost, ev.incarnation
         _new_driver(batch, rt, ev)
         _adopt_graph(batch, rt, ev)
         self._watch(batch, rt, ev)
-        _tell_configuration(batch, rt, ev)
+        if settings is None:
+            run_settings.tell(batch, rt, ev)
         restarted = "the job's driver process registered again (it was restarted)"
         cause = f"{restarted}: {ev.previous_failure}" if ev.previous_failure else restarted
+        if settings is not None:
+            cause = f"the job runs again (it had ended {rt.status.value})"
         decided = lost and rt.status is p.JobStatus.RESTARTING
         batch.writer.exception(
-            f"{rt.job_id}:driver:{ev.incarnation}",
+            f"{rt.job_id}:{'driver' if settings is None else 'rerun'}:{ev.incarnation}",
             job_id=rt.job_id,
             attempt=rt.attempt,
             timestamp=batch.now,
-            kind="DRIVER_RESTART",
+            kind="DRIVER_RESTART" if settings is None else "RERUN",
             cause=cause,
             action=(
                 "the restart decided when the previous driver's heartbeats stopped goes on"
@@ -160,19 +170,25 @@ class Registrations:
             return
         d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
         fo.fail_over(batch, rt, cause, batch.failover_verdicts.get(rt.job_id, {}))
+        if settings is not None:
+            run_settings.adopt(batch, rt, settings)
 
     def _rerun(
-        self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered, point: RestorePoint
+        self,
+        batch: Batch,
+        rt: JobRuntime,
+        ev: p.JobRegistered,
+        point: RestorePoint,
+        settings: RunSettings,
     ) -> None:
-        """An ended job run again from its ``--from-checkpoint`` (read before the lock): a new
-        line of checkpoints starts there, as after a restore request. A driver that
-        ``sparkpoint run`` restarted passes the same ``--from-checkpoint`` again: only a run
-        without a previous failure comes here."""
+        """An ended job run again from its ``--from-checkpoint`` (read before the lock), with
+        its command line's ``settings``: a new line of checkpoints starts there, as after a
+        restore request. A driver that ``sparkpoint run`` restarted passes the same
+        ``--from-checkpoint`` again: only a run without a previous failure comes here."""
         ended, rt.incarnation = rt.status.value, ev.incarnation
         _new_driver(batch, rt, ev)
         _adopt_graph(batch, rt, ev)
         self._watch(batch, rt, ev)
-        _tell_configuration(batch, rt, ev)
         path = point.external_path or str(ev.config["from_checkpoint"])
         cause = f"the job runs again (it had ended {ended}), from --from-checkpoint {path}"
         batch.writer.exception(
@@ -191,6 +207,7 @@ class Registrations:
         else:
             decision = rt.coordinator.restore_from(origins.read_from_path(point), cause)
         d.start_attempt(batch, rt, decision, request_id=None, new_line=True)
+        run_settings.adopt(batch, rt, settings)
 
     def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
         interval = ev.heartbeat_interval_ms
@@ -392,21 +409,6 @@ def _adopt_graph(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
     rt.graph = graph
     rt.coordinator.set_tasks(rt.tasks)
     batch.writer.job(rt.job_id, graph=graph)
-
-
-def _tell_configuration(batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
-    """A restarted driver registers with its command line's checkpoint settings; those the
-    control plane has (changed through ``PATCH /jobs/{id}/checkpoints/config`` since) win, and
-    the driver hears them as the earlier one did: what it expects of the control plane (how
-    often a command comes) follows them."""
-    current = checkpoint_config_dict(rt.coordinator.config)
-    changes = {
-        name: value
-        for name, value in current.items()
-        if isinstance(value, int) and ev.config.get(name) != value
-    }
-    if changes:
-        batch.command(rt.job_id, rt.attempt, p.ConfigurationChanged(changes=changes))
 
 
 def _guarantee_columns(ev: p.JobRegistered) -> dict[str, str | None]:

@@ -47,10 +47,10 @@ class CheckpointConfig:
                     f"{name} must be at most {most}, got {getattr(self, name)}"
                 )
 
-    def with_changes(self, changes: dict[str, Any]) -> CheckpointConfig:
-        """A copy with the runtime-mutable fields in ``changes`` applied."""
+    def with_changes(self, changes: dict[str, Any], *, running: bool = True) -> CheckpointConfig:
+        """A copy with ``changes`` applied: while the job runs, runtime-mutable fields only."""
         fixed = set(changes) - RUNTIME_MUTABLE
-        if fixed:
+        if fixed and running:
             raise ConfigurationError(
                 f"{', '.join(sorted(fixed))} cannot change while the job runs "
                 "(only at its next start)"

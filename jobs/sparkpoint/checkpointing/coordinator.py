@@ -112,8 +112,7 @@ class CheckpointCoordinator:
         return len(self._pending)
 
     def pending_checkpoint(self, checkpoint_id: int) -> PendingCheckpoint | None:
-        """The pending checkpoint ``checkpoint_id``, or None (without copying the mapping:
-        the control plane looks one up per acknowledgement)."""
+        """The pending checkpoint ``checkpoint_id`` or None, without copying the mapping."""
         return self._pending.get(checkpoint_id)
 
     @property
@@ -125,13 +124,14 @@ class CheckpointCoordinator:
     def must_fail_cause(self) -> str | None:
         return self._must_fail_cause
 
-    def update_config(self, changes: dict[str, Any]) -> CheckpointConfig:
-        """Apply runtime-mutable changes from the next trigger; a lower ``retained`` subsumes.
+    def update_config(self, changes: dict[str, Any], *, running: bool = True) -> CheckpointConfig:
+        """Apply changes (``running``: runtime-mutable ones) from the next trigger; a lower
+        ``retained`` subsumes.
 
         Raises:
             ConfigurationError: when a field cannot change while the job runs, or is invalid.
         """
-        new = self._config.with_changes(changes)
+        new = self._config.with_changes(changes, running=running)
         if new.retained != self._config.retained:
             self._subsumed.extend((None, cp) for cp in self.store.set_retained(new.retained))
         self.failure_manager.set_tolerable(new.tolerable_failures)

@@ -12,18 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_harness import VERTICES, Harness
+from service_harness import NO_DELAY, VERTICES, Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
 from sparkpoint_server.storage.failover_target import failover_target
 from sparkpoint_server.storage.models import Checkpoint, Job, JobException, Operation
-
-NO_DELAY = {
-    "restart-strategy.type": "fixed-delay",
-    "restart-strategy.fixed-delay.attempts": 5,
-    "restart-strategy.fixed-delay.delay": "0 s",
-}
 
 
 def _restores(h: Harness) -> list[p.RestoreJob]:

@@ -12,7 +12,7 @@ import os
 import shutil
 
 import pytest
-from service_harness import Harness
+from service_harness import NO_DELAY, Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
@@ -20,12 +20,6 @@ from sparkpoint_server.errors import ConflictError
 from sparkpoint_server.service import requests
 from sparkpoint_server.storage.failover_target import origin_of
 from sparkpoint_server.storage.models import Checkpoint, Job
-
-NO_DELAY = {
-    "restart-strategy.type": "fixed-delay",
-    "restart-strategy.fixed-delay.attempts": 5,
-    "restart-strategy.fixed-delay.delay": "0 s",
-}
 
 
 def _metadata(url: str) -> str:
