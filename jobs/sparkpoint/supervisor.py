@@ -71,6 +71,7 @@ from sparkpoint.errors import (
     error_text,
 )
 from sparkpoint.options import JobOptions, parse_job_options
+from sparkpoint.runtime.driver_lease import RUN_ID_ENV
 
 EXIT_FINISHED = 0
 EXIT_FAILED = 1
@@ -331,6 +332,8 @@ def supervise(
         "PYTHONSAFEPATH": "1",
     }
     env.pop(PREVIOUS_FAILURE_ENV, None)
+    # Its drivers take over the job's lease from one another at once (driver_lease.py).
+    env[RUN_ID_ENV] = uuid.uuid4().hex
     driver_args = args
     try:
         with _DriverProcess() as driver:

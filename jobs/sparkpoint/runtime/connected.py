@@ -118,15 +118,19 @@ class ControlPlaneAuthority(Authority):
     def prepare(self) -> None:
         """Register and obey the control plane's first ``restore`` (before Spark starts).
 
-        Steps: (1) open the command stream, (2) send ``job_registered`` under attempt 0,
-        (3) read commands until the first ``restore`` came and was obeyed.
+        Steps: (1) take the job's lease (:mod:`.driver_lease`: no other driver runs it) and
+        open the command stream, (2) send ``job_registered`` under attempt 0, (3) read
+        commands until the first ``restore`` came and was obeyed.
 
         Raises:
+            AnotherDriverError: another driver runs the job (nothing of it was touched).
             ControlPlaneTimeoutError: no ``restore`` within ``--control-plane-timeout``.
         """
         job, channel = self.job, self.link.channel
         try:
             # Step 1
+            if self.link.lease is not None:
+                self.link.lease.acquire(job.job_id, self.timeout_ms, self._say_waiting)
             channel.open()
             # Step 2
             job.attempt = 0
@@ -213,7 +217,13 @@ class ControlPlaneAuthority(Authority):
         self._reader.close()
         if self.link.heartbeats is not None:
             self.link.heartbeats.stop()
+        if self.link.lease is not None:
+            self.link.lease.release()
         self.link.client.close()
+
+    def _say_waiting(self, text: str) -> None:
+        if self.job.console is not None:
+            self.job.console.line("waiting_for_driver", text, level="warning")
 
     def _cancel_if_requested(self) -> bool:
         """Whether the job is to end; a cancel a signal requested (:meth:`request_cancel`)

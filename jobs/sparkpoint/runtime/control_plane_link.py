@@ -10,6 +10,7 @@ import redis
 
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.options import JobOptions
+from sparkpoint.runtime.driver_lease import RUN_ID_ENV, DriverLease, lease_key, lease_ttl_ms
 from sparkpoint.runtime.heartbeats import (
     HEARTBEAT_INTERVAL_MS,
     DriverHeartbeats,
@@ -32,6 +33,7 @@ class ControlPlaneLink:
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     previous_failure: str | None = None  # why the previous driver process ended
     heartbeats: DriverHeartbeats | None = field(default=None, compare=False)
+    lease: DriverLease | None = field(default=None, compare=False)  # one driver at a time
 
     @classmethod
     def connect(cls, options: JobOptions) -> ControlPlaneLink:
@@ -52,6 +54,12 @@ class ControlPlaneLink:
         client = redis_client(options.redis_url)
         streams = Streams(options.stream_prefix)
         incarnation = uuid.uuid4().hex
+        lease = DriverLease(
+            client,
+            lease_key(streams.prefix, options.job_id),
+            os.environ.get(RUN_ID_ENV) or incarnation,
+            lease_ttl_ms(interval_ms),
+        )
         return cls(
             client=client,
             streams=streams,
@@ -72,5 +80,7 @@ class ControlPlaneLink:
                 options.job_id,
                 incarnation,
                 interval_ms,
+                lease=lease,
             ),
+            lease=lease,
         )

@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from sparkpoint import protocol as p
 from sparkpoint.clock import Clock
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.transport import RedisEventSink
+
+if TYPE_CHECKING:
+    from sparkpoint.runtime.driver_lease import DriverLease
 
 #: Flink's ``heartbeat.interval``: how often the driver tells the control plane it is alive.
 HEARTBEAT_INTERVAL_MS = 10_000
@@ -68,9 +72,16 @@ class DriverHeartbeats:
     """
 
     def __init__(
-        self, events: RedisEventSink, job_id: str, incarnation: str, interval_ms: int
+        self,
+        events: RedisEventSink,
+        job_id: str,
+        incarnation: str,
+        interval_ms: int,
+        *,
+        lease: DriverLease | None = None,
     ) -> None:
         self.events = events
+        self.lease = lease  # renewed with every heartbeat
         self.job_id = job_id
         self.incarnation = incarnation
         self.interval_ms = interval_ms
@@ -102,6 +113,8 @@ class DriverHeartbeats:
     def _run(self, attempt: Callable[[], int], clock: Clock) -> None:
         while True:
             self.beat(attempt(), clock)
+            if self.lease is not None:
+                self.lease.renew()
             if self._stop.wait(self.interval_ms / 1000):
                 return
 

@@ -1,0 +1,52 @@
+"""A second ``sparkpoint run --job-id J`` while J's driver runs is refused before it touches
+the job, through the real control plane, drivers and Spark: it used to register as a restarted
+driver, the control plane failed the running job over to it, both read the job's commands from
+one consumer group, and the job completed no checkpoint until the heartbeat timeout gave the
+second one up. The running job goes on as if nothing happened."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.testing import line_counts
+
+from ..runtime.pv_harness import EVENTS, expected_every_lines
+from ..support.waiting import wait_for
+from .control_plane import ServerProcess, completed_checkpoints
+from .test_origin_failover import _finished, _pv
+
+pytestmark = pytest.mark.spark
+
+
+def test_a_second_driver_of_a_running_job_is_refused_and_the_job_runs_on(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    run = ("--job-id", "once", "--checkpoint-interval", "0.5")
+    first = _pv(server, tmp_path, "first", *run, events=2 * EVENTS)
+    try:
+        with server.api() as api:
+            wait_for("the job to register", lambda: api.get("/jobs/once").status_code == 200)
+            wait_for("a completed checkpoint", lambda: completed_checkpoints(api, "once"))
+            started = time.monotonic()
+            second = _pv(server, tmp_path, "second", *run, "--control-plane-timeout", "3")
+            said, _ = second.communicate(timeout=120)
+            waited = time.monotonic() - started
+            assert second.returncode == 1, said
+            assert "runs with another driver (pid " in said
+            assert "waiting for it to end (0 s of 3 s;" in said
+            assert "sparkpoint run: job once is running with another driver (pid " in said
+            assert "a job runs one driver at a time. Stop that one first" in said
+            assert 3 <= waited < 60
+            output = _finished(first)
+            job = api.get("/jobs/once").json()
+            assert (job["state"], job["attempt"]) == ("FINISHED", 1)
+            history = api.get("/jobs/once/checkpoints").json()
+            assert history["counts"]["restored"] == 0 and history["counts"]["failed"] == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert "RESTARTING" not in output
+    assert line_counts(str(tmp_path / "out")) == expected_every_lines(2 * EVENTS)
