@@ -82,7 +82,7 @@ class ReceivedMessage:
 # ----------------------------------------------------------------------------- connections
 
 
-def _retrying(
+def retrying(
     action: Callable[[], _T],
     what: str,
     client: redis.Redis,
@@ -224,7 +224,7 @@ class RedisEventSink(EventSink):
                 pipe.xadd(stream, {FIELD: raw})
             pipe.execute()
 
-        _retrying(
+        retrying(
             xadd_all,
             f"publish {len(encoded)} event(s) to {stream}",
             self.client,
@@ -310,7 +310,7 @@ def send_commands(
         return pipe.execute()
 
     what = f"send {len(items)} command(s) ({', '.join(sorted({s for s, _ in encoded}))})"
-    ids = _retrying(xadd_all, what, client, retry_for_s=retry_for_s)
+    ids = retrying(xadd_all, what, client, retry_for_s=retry_for_s)
     return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
 
@@ -354,7 +354,7 @@ class CommandChannel:
                     raise
                 self.client.xgroup_setid(self.stream, COMMANDS_GROUP, id="$")
 
-        _retrying(create_or_move, f"open command stream {self.stream}", self.client)
+        retrying(create_or_move, f"open command stream {self.stream}", self.client)
 
     def read(
         self,
@@ -395,7 +395,7 @@ class CommandChannel:
                 return None  # the stream was deleted
 
         what = f"read commands of job {self.job_id} from {self.stream}"
-        response = _retrying(read_group, what, self.client, retry_for_s=retry_for_s)
+        response = retrying(read_group, what, self.client, retry_for_s=retry_for_s)
         if response is None:
             self._reopen_deleted()
             return []
@@ -432,7 +432,7 @@ class CommandChannel:
         ids = list(entry_ids)
         if not ids:
             return
-        _retrying(
+        retrying(
             lambda: self.client.xack(self.stream, COMMANDS_GROUP, *ids),
             f"acknowledge {len(ids)} command(s) in {self.stream}",
             self.client,

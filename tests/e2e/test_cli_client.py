@@ -187,9 +187,12 @@ def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: Serve
         checkpoint_id=failed, operator_id="source", subtask=0, reason="No space left on device"
     )
     sink.publish([p.envelope(job, 1, now, declined)])
+    # Until the decline is applied, the second checkpoint shows as in progress.
     shown = wait_for(
-        "both in `sparkpoint checkpoints`",
-        lambda: (out := _cli(server, "checkpoints", job)).stdout.count("\n") >= 5 and out,
+        "both in `sparkpoint checkpoints`, the second failed",
+        lambda: (
+            "1 failed, 0 in progress" in (out := _cli(server, "checkpoints", job)).stdout and out
+        ),
     )
     assert shown.returncode == 0, shown.stderr
     head, failover, header, *rows = shown.stdout.splitlines()

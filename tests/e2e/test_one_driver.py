@@ -22,10 +22,12 @@ pytestmark = pytest.mark.spark
 
 
 def test_a_second_driver_of_a_running_job_is_refused_and_the_job_runs_on(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Leases live 3 s (heartbeats every second): the second driver waits 4 s for the first.
+    monkeypatch.setenv("SPARKPOINT_HEARTBEAT_INTERVAL", "1")
     run = ("--job-id", "once", "--checkpoint-interval", "0.5")
-    first = _pv(server, tmp_path, "first", *run, events=2 * EVENTS)
+    first = _pv(server, tmp_path, "first", *run, events=3 * EVENTS)  # 24 s of input
     try:
         with server.api() as api:
             wait_for("the job to register", lambda: api.get("/jobs/once").status_code == 200)
@@ -34,12 +36,13 @@ def test_a_second_driver_of_a_running_job_is_refused_and_the_job_runs_on(
             second = _pv(server, tmp_path, "second", *run, "--control-plane-timeout", "3")
             said, _ = second.communicate(timeout=120)
             waited = time.monotonic() - started
+            assert first.poll() is None, "the first driver ended before the second was refused"
             assert second.returncode == 1, said
             assert "runs with another driver (pid " in said
-            assert "waiting for it to end (0 s of 3 s;" in said
+            assert "waiting for it to end (0 s of 4 s;" in said
             assert "sparkpoint run: job once is running with another driver (pid " in said
             assert "a job runs one driver at a time. Stop that one first" in said
-            assert 3 <= waited < 60
+            assert 4 <= waited < 60
             output = _finished(first)
             job = api.get("/jobs/once").json()
             assert (job["state"], job["attempt"]) == ("FINISHED", 1)
@@ -49,4 +52,4 @@ def test_a_second_driver_of_a_running_job_is_refused_and_the_job_runs_on(
         if first.poll() is None:
             first.kill()
     assert "RESTARTING" not in output
-    assert line_counts(str(tmp_path / "out")) == expected_every_lines(2 * EVENTS)
+    assert line_counts(str(tmp_path / "out")) == expected_every_lines(3 * EVENTS)

@@ -243,7 +243,7 @@ def test_a_checkpoint_another_job_started_from_is_kept_for_its_failover(
     """The owner retains one checkpoint; the other job starts from it into its own output,
     the owner goes on past it, the other job's driver dies before a checkpoint of its own:
     its failover restores the owner's checkpoint by its path, which the owner kept for it."""
-    events = 3 * EVENTS  # 24 s of input: the owner still runs when the other job fails over
+    events = 4 * EVENTS  # 32 s of input: the owner still runs when the other job fails over
     owner = _pv(
         server, tmp_path, "owner", "--checkpoint-interval", "0.5", "--retained", "1", events=events
     )
@@ -294,6 +294,7 @@ def test_a_checkpoint_another_job_started_from_is_kept_for_its_failover(
             kept = api.get(f"/jobs/{owner_id}/checkpoints").json()["latest"]["origin_of"]
             assert [(k["id"], k["jobs"]) for k in kept] == [(origin["id"], [started_id])], kept
             requested = api.get(f"/jobs/{started_id}/checkpoints").json()["latest"]["restored"]
+            assert owner.poll() is None, "the owner ended before the other job failed over"
             [driver] = psutil.Process(started.pid).children()
             driver.send_signal(signal.SIGKILL)
 

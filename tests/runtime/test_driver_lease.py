@@ -1,15 +1,19 @@
-"""The lease that lets one driver at a time run a connected job, on the real Redis."""
+"""The lease that lets one driver at a time run a connected job, on the real Redis. The
+waiting driver's clock is a manual one: its sleeps advance it, and where a holder's lease is
+to run out meanwhile, the test makes Redis expire it."""
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from sparkpoint.clock import ManualClock
 from sparkpoint.runtime.driver_lease import (
     MIN_TTL_MS,
     AnotherDriverError,
@@ -17,15 +21,7 @@ from sparkpoint.runtime.driver_lease import (
     lease_key,
     lease_ttl_ms,
 )
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(REDIS_URL)
-    yield c
-    c.close()
+from sparkpoint.transport import TransportError
 
 
 @pytest.fixture
@@ -35,71 +31,115 @@ def key(client: redis.Redis) -> Iterator[str]:
     client.delete(k)
 
 
-def _lease(client: redis.Redis, key: str, run: str, ttl_ms: int = 10_000) -> DriverLease:
-    return DriverLease(client, key, run, ttl_ms)
+def _lease(
+    client: redis.Redis,
+    key: str,
+    run: str,
+    ttl_ms: int = 10_000,
+    *,
+    on_sleep: Callable[[float], None] = lambda _: None,
+) -> tuple[DriverLease, ManualClock]:
+    clock = ManualClock()
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds * 1000)
+        on_sleep(clock.monotonic_ms())
+
+    return DriverLease(client, key, run, ttl_ms, clock=clock, sleep=sleep), clock
 
 
 def test_a_free_lease_is_taken_and_released(client: redis.Redis, key: str) -> None:
-    lease = _lease(client, key, "run-a")
-    lease.acquire("job-1", 1000, pytest.fail)
+    lease, clock = _lease(client, key, "run-a")
+    assert lease.acquire("job-1", 1000, pytest.fail)
     run, _host, pid, since = client.get(key).decode().split(" ")
-    assert run == "run-a" and pid.isdigit() and int(since) <= time.time() * 1000
+    assert (run, since) == ("run-a", str(clock.now_ms())) and pid.isdigit()
     assert 9_000 < client.pttl(key) <= 10_000
     lease.release()
+    assert client.get(key) is None
+    lease.renew()  # a heartbeat after the release takes nothing again
     assert client.get(key) is None
 
 
 def test_another_run_waits_and_is_refused_naming_the_holder(client: redis.Redis, key: str) -> None:
-    holder = _lease(client, key, "run-a")
+    holder, _ = _lease(client, key, "run-a", ttl_ms=1000)
     holder.acquire("job-1", 1000, pytest.fail)
     said: list[str] = []
-    started = time.monotonic()
+    waiting, clock = _lease(client, key, "run-b", ttl_ms=1000, on_sleep=lambda _: holder.renew())
     with pytest.raises(AnotherDriverError) as err:
-        _lease(client, key, "run-b").acquire("job-1", 1200, said.append)
-    assert 1.1 < time.monotonic() - started < 3
+        waiting.acquire("job-1", 6000, said.append)
+    # Up to its timeout (6 s: longer than either lease lives), a sleep of 0.5 s at a time.
+    assert clock.monotonic_ms() - ManualClock().monotonic_ms() == 6000
     assert str(err.value).startswith("job job-1 is running with another driver (pid ")
     assert str(err.value).endswith(
         "a job runs one driver at a time. Stop that one first (sparkpoint cancel job-1, or end "
         "its process), or run this one with another --job-id"
     )
-    assert len(said) == 1 and said[0].startswith("job job-1 runs with another driver (pid ")
-    assert "waiting for it to end (0 s of 1.2 s; its lease ends in 10 s" in said[0]
+    assert [s.split(": waiting for it to end ")[1][:12] for s in said] == [
+        "(0 s of 6 s;",
+        "(5 s of 6 s;",
+    ]
+    assert said[0].startswith("job job-1 runs with another driver (pid ")
     # Nothing of the holder's changed; releasing what it does not hold deletes nothing.
     assert client.get(key).decode() == holder.value
-    _lease(client, key, "run-b").release()
+    waiting.release()
     assert client.get(key).decode() == holder.value
 
 
 def test_a_driver_of_the_same_run_takes_it_over_at_once(client: redis.Redis, key: str) -> None:
     """``sparkpoint run`` starts its next driver only after the previous one ended."""
-    _lease(client, key, "run-a").acquire("job-1", 1000, pytest.fail)
-    successor = _lease(client, key, "run-a")
-    successor.acquire("job-1", 0, pytest.fail)
+    _lease(client, key, "run-a")[0].acquire("job-1", 1000, pytest.fail)
+    successor, _ = _lease(client, key, "run-a")
+    assert successor.acquire("job-1", 0, pytest.fail)
     assert client.get(key).decode() == successor.value
 
 
-def test_a_lease_not_renewed_expires_and_another_run_takes_it(
+def test_a_holder_that_died_is_outlived_even_with_a_short_timeout(
     client: redis.Redis, key: str
 ) -> None:
-    """A driver that died without releasing it (kill -9), restarted by no supervisor."""
-    _lease(client, key, "run-a", ttl_ms=400).acquire("job-1", 1000, pytest.fail)
+    """A driver killed without releasing its lease (kill -9), started again by a cluster
+    manager with a short ``--control-plane-timeout``: the wait lasts until the dead holder's
+    lease ran out (20 s here, longer than the new one's own 3 s), and takes it then."""
+    _lease(client, key, "run-a", ttl_ms=20_000)[0].acquire("job-1", 0, pytest.fail)
+    start = ManualClock().monotonic_ms()
+
+    def expire_at_20_s(now: float) -> None:
+        if now - start >= 20_000:
+            client.delete(key)  # its lease ran out
+
+    other, clock = _lease(client, key, "run-b", ttl_ms=MIN_TTL_MS, on_sleep=expire_at_20_s)
     said: list[str] = []
-    other = _lease(client, key, "run-b")
-    other.acquire("job-1", 5000, said.append)
-    assert client.get(key).decode() == other.value and len(said) == 1
+    assert other.acquire("job-1", 100, said.append)
+    assert client.get(key).decode() == other.value
+    assert clock.monotonic_ms() - start == 20_000
+    assert "(0 s of 21 s; its lease ends in 20 s unless it renews it)" in said[0]
+
+
+def test_a_cancel_while_waiting_ends_the_wait_without_the_lease(
+    client: redis.Redis, key: str
+) -> None:
+    holder, _ = _lease(client, key, "run-a")
+    holder.acquire("job-1", 0, pytest.fail)
+    canceled = iter([False, False, True])
+    waiting, _ = _lease(client, key, "run-b")
+    assert not waiting.acquire("job-1", 60_000, lambda _: None, lambda: next(canceled))
+    assert client.get(key).decode() == holder.value
+    # Canceled just as it took the lease: given back at once.
+    holder.release()
+    late = iter([False, True])
+    assert not waiting.acquire("job-1", 60_000, pytest.fail, lambda: next(late))
+    assert client.get(key) is None
 
 
 def test_renewals_keep_it_and_a_lease_taken_meanwhile_is_said_once(
     client: redis.Redis, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lease = _lease(client, key, "run-a", ttl_ms=500)
+    lease, _ = _lease(client, key, "run-a", ttl_ms=5000)
     lease.acquire("job-1", 1000, pytest.fail)
-    for _ in range(4):
-        time.sleep(0.25)
-        lease.renew()
-    assert client.get(key).decode() == lease.value
+    client.pexpire(key, 100)
+    lease.renew()
+    assert 4000 < client.pttl(key) <= 5000
     client.delete(key)  # its renewals stopped for longer than the lease: another took it
-    other = _lease(client, key, "run-b")
+    other, _ = _lease(client, key, "run-b")
     other.acquire("job-1", 0, pytest.fail)
     with caplog.at_level(logging.WARNING, logger="sparkpoint.runtime.driver_lease"):
         lease.renew()
@@ -107,6 +147,17 @@ def test_renewals_keep_it_and_a_lease_taken_meanwhile_is_said_once(
     [warning] = [r.getMessage() for r in caplog.records]
     assert "another driver (pid " in warning and "took this job's lease" in warning
     assert client.get(key).decode() == other.value
+
+
+def test_an_unreachable_redis_is_a_transport_error_not_a_crash(key: str) -> None:
+    unreachable = redis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
+    lease = DriverLease(unreachable, key, "run-a", 10_000)
+    with pytest.raises(TransportError, match=r"could not take the lease .* unreachable"):
+        lease.try_take()
+    lease.renew()  # logged; the next heartbeat tries again
+    lease.release()
 
 
 def test_the_lease_outlives_missed_renewals() -> None:

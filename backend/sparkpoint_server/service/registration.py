@@ -112,11 +112,10 @@ class Registrations:
             except (ConfigurationError, CheckpointError) as err:
                 _refuse(batch, rt.job_id, rt.attempt, err)
                 return
-            if point is not None:
-                assert settings is not None
+            if settings is not None:
                 self._rerun(batch, rt, ev, point, settings)
             else:
-                self._restarted_driver(batch, rt, ev, settings)
+                self._restarted_driver(batch, rt, ev)
             return
         # Step 3: a configuration the control plane cannot run is refused, and the job told why.
         try:
@@ -126,37 +125,28 @@ class Registrations:
             return
         self._watch(batch, self.jobs[env.job_id], ev)
 
-    def _restarted_driver(
-        self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered, settings: RunSettings | None
-    ) -> None:
-        """A new driver process of a known job: fail over (:func:`~.failover.fail_over`),
+    def _restarted_driver(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+        """A new driver process of a live job: fail over (:func:`~.failover.fail_over`),
         with the cause ``sparkpoint run`` gave (why the previous process ended) if any.
 
         When the previous driver's silence already failed the job over (RESTARTING), the
         restart strategy has decided: the new driver gets that restore (now, or from the
         timer when its delay is over), and no second failover is counted.
-
-        An ended job that runs again without a ``--from-checkpoint`` comes here too, with its
-        command line's ``settings``: it continues from the newest checkpoint of its line (from
-        the beginning, it would commit its output again).
         """
         lost, rt.incarnation = rt.driver_lost, ev.incarnation
         _new_driver(batch, rt, ev)
         _adopt_graph(batch, rt, ev)
         self._watch(batch, rt, ev)
-        if settings is None:
-            run_settings.tell(batch, rt, ev)
+        run_settings.tell(batch, rt, ev)
         restarted = "the job's driver process registered again (it was restarted)"
         cause = f"{restarted}: {ev.previous_failure}" if ev.previous_failure else restarted
-        if settings is not None:
-            cause = f"the job runs again (it had ended {rt.status.value})"
         decided = lost and rt.status is p.JobStatus.RESTARTING
         batch.writer.exception(
-            f"{rt.job_id}:{'driver' if settings is None else 'rerun'}:{ev.incarnation}",
+            f"{rt.job_id}:driver:{ev.incarnation}",
             job_id=rt.job_id,
             attempt=rt.attempt,
             timestamp=batch.now,
-            kind="DRIVER_RESTART" if settings is None else "RERUN",
+            kind="DRIVER_RESTART",
             cause=cause,
             action=(
                 "the restart decided when the previous driver's heartbeats stopped goes on"
@@ -170,27 +160,31 @@ class Registrations:
             return
         d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
         fo.fail_over(batch, rt, cause, batch.failover_verdicts.get(rt.job_id, {}))
-        if settings is not None:
-            run_settings.adopt(batch, rt, settings)
 
     def _rerun(
         self,
         batch: Batch,
         rt: JobRuntime,
         ev: p.JobRegistered,
-        point: RestorePoint,
+        point: RestorePoint | None,
         settings: RunSettings,
     ) -> None:
-        """An ended job run again from its ``--from-checkpoint`` (read before the lock), with
-        its command line's ``settings``: a new line of checkpoints starts there, as after a
-        restore request. A driver that ``sparkpoint run`` restarted passes the same
-        ``--from-checkpoint`` again: only a run without a previous failure comes here."""
+        """An ended job run again, with its command line's ``settings``: from its
+        ``--from-checkpoint`` (``point``, read before the lock), where a new line of
+        checkpoints starts as after a restore request; without one, from the newest
+        checkpoint of its line (from the beginning, it would commit its output again). A
+        driver that ``sparkpoint run`` restarted passes the same ``--from-checkpoint`` again:
+        only a run without a previous failure comes here."""
         ended, rt.incarnation = rt.status.value, ev.incarnation
         _new_driver(batch, rt, ev)
         _adopt_graph(batch, rt, ev)
         self._watch(batch, rt, ev)
-        path = point.external_path or str(ev.config["from_checkpoint"])
-        cause = f"the job runs again (it had ended {ended}), from --from-checkpoint {path}"
+        cause = f"the job runs again (it had ended {ended})"
+        action = f"restore {fo.target_name(rt)}"
+        if point is not None:
+            path = point.external_path or str(ev.config["from_checkpoint"])
+            cause = f"{cause}, from --from-checkpoint {path}"
+            action = f"restore checkpoint {point.checkpoint_id} at {path}"
         batch.writer.exception(
             f"{rt.job_id}:rerun:{ev.incarnation}",
             job_id=rt.job_id,
@@ -198,16 +192,20 @@ class Registrations:
             timestamp=batch.now,
             kind="RERUN",
             cause=cause,
-            action=f"restore checkpoint {point.checkpoint_id} at {path}",
+            action=action,
         )
         d.set_status(batch, rt, p.JobStatus.RESTARTING, cause)
-        held = origins.held(rt, point.checkpoint_id, path)
-        if held is not None:
-            decision = rt.coordinator.restore_to(held.checkpoint_id)
+        if point is None:
+            fo.fail_over(batch, rt, cause, batch.failover_verdicts.get(rt.job_id, {}))
         else:
-            decision = rt.coordinator.restore_from(origins.read_from_path(point), cause)
-        d.start_attempt(batch, rt, decision, request_id=None, new_line=True)
-        run_settings.adopt(batch, rt, settings)
+            held = origins.held(rt, point.checkpoint_id, path)
+            if held is not None:
+                decision = rt.coordinator.restore_to(held.checkpoint_id)
+            else:
+                decision = rt.coordinator.restore_from(origins.read_from_path(point), cause)
+            d.start_attempt(batch, rt, decision, request_id=None, new_line=True)
+        if rt.status is not p.JobStatus.FAILED:  # not when no checkpoint could be restored
+            run_settings.adopt(batch, rt, settings)
 
     def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
         interval = ev.heartbeat_interval_ms

@@ -28,6 +28,7 @@ from sparkpoint_server.coordination.job import (
     checkpoint_config_from,
 )
 from sparkpoint_server.service import decisions as d
+from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.batch import Batch
 
 log = logging.getLogger(__name__)
@@ -43,16 +44,19 @@ class RunSettings:
 
 def _storage(config: dict[str, Any], default_dir: str) -> tuple[str, str]:
     kind = str(config.get("checkpoint_storage") or "filesystem")
-    return kind, str(config.get("checkpoint_dir") or default_dir).rstrip("/")
+    return kind, str(config.get("checkpoint_dir") or default_dir)
 
 
 def check_storage(rt: JobRuntime, ev: p.JobRegistered, default_dir: str) -> None:
-    """Raises:
-    ConfigurationError: the registering driver names another checkpoint storage than the
-        one the job keeps its checkpoints in.
+    """Refuse a driver of a known job that would write its checkpoints elsewhere.
+
+    Raises:
+        ConfigurationError: the registering driver names another checkpoint storage or
+            directory than the job's (the same one written otherwise is the same: a
+            ``file://`` URL or a path, a trailing slash, a link).
     """
     kept, named = _storage(rt.config, default_dir), _storage(dict(ev.config), default_dir)
-    if kept == named:
+    if kept[0] == named[0] and storage_io.same_place(kept[1], named[1]):
         return
     kinds = kept[0] != named[0]
     raise ConfigurationError(
@@ -64,7 +68,7 @@ def check_storage(rt: JobRuntime, ev: p.JobRegistered, default_dir: str) -> None
 
 
 def _where(storage: tuple[str, str], kind: bool) -> str:
-    return f"{storage[1]} ({storage[0]} storage)" if kind else storage[1]
+    return f"{storage[1]} ({storage[0]} storage)" if kind else storage[1].rstrip("/")
 
 
 def rerun_settings(ev: p.JobRegistered) -> RunSettings:

@@ -129,8 +129,10 @@ class ControlPlaneAuthority(Authority):
         job, channel = self.job, self.link.channel
         try:
             # Step 1
-            if self.link.lease is not None:
-                self.link.lease.acquire(job.job_id, self.timeout_ms, self._say_waiting)
+            lease, canceled = self.link.lease, lambda: self.cancel_requested
+            if lease and not lease.acquire(job.job_id, self.timeout_ms, self._say, canceled):
+                job.status = p.JobStatus.CANCELED  # before it registered: nobody to tell
+                return
             channel.open()
             # Step 2
             job.attempt = 0
@@ -214,14 +216,16 @@ class ControlPlaneAuthority(Authority):
             raise
 
     def close(self) -> None:
-        self._reader.close()
-        if self.link.heartbeats is not None:
-            self.link.heartbeats.stop()
-        if self.link.lease is not None:
-            self.link.lease.release()
-        self.link.client.close()
+        try:
+            self._reader.close()
+            if self.link.heartbeats is not None:
+                self.link.heartbeats.stop()
+        finally:
+            if self.link.lease is not None:
+                self.link.lease.release()
+            self.link.client.close()
 
-    def _say_waiting(self, text: str) -> None:
+    def _say(self, text: str) -> None:
         if self.job.console is not None:
             self.job.console.line("waiting_for_driver", text, level="warning")
 

@@ -257,8 +257,10 @@ class JobDriver:
         except SparkLostError as err:
             raise SparkLostError(err.cause, self.job_id) from err
         finally:
-            self.events.close()
-            self.authority.close()
+            try:
+                self.events.close()
+            finally:
+                self.authority.close()  # releases the job's lease (connected)
 
     def _runner(self) -> EpochRunner:
         if self._in_process:

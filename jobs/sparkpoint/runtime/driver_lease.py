@@ -14,10 +14,11 @@ heartbeat), and the driver deletes it when it ends.
 - The same ``sparkpoint run`` (``SPARKPOINT_RUN_ID``, set by its supervisor for every
   driver it starts) takes it over at once: its previous driver process ended before it
   started this one.
-- Another waits for it to be released or to expire, at most the job's
-  ``--control-plane-timeout``, saying so, and is refused then, naming the holder; it never
-  touched the job's streams. A driver restarted by a cluster manager (no supervisor) after
-  its predecessor died waits at most the lease's time to live.
+- Another waits for it to be released or to expire, saying so: the job's
+  ``--control-plane-timeout``, and at least until the lease it found would expire, so that a
+  driver restarted by a cluster manager (no supervisor) after its predecessor died takes it
+  over. Still held then, it is refused, naming the holder; it never touched the job's
+  streams. A cancel (SIGTERM, SIGINT) ends the wait.
 
 A driver that finds its lease taken while it runs (its renewals stopped for longer than the
 time to live) says so; the control plane's failover to the new driver decides.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +37,9 @@ from typing import Any
 
 import redis
 
+from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.errors import SparkpointError
+from sparkpoint.transport import RETRY_FOR_S, retrying
 
 log = logging.getLogger(__name__)
 
@@ -98,38 +102,71 @@ class Holder:
 class DriverLease:
     """The lease of one driver process (the module docstring)."""
 
-    def __init__(self, client: redis.Redis, key: str, run_id: str, ttl_ms: int) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: str,
+        run_id: str,
+        ttl_ms: int,
+        *,
+        clock: Clock | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.client, self.key, self.run_id, self.ttl_ms = client, key, run_id, ttl_ms
-        since = int(time.time() * 1000)
+        self.clock, self.sleep = clock or SystemClock(), sleep
+        since = self.clock.now_ms()
         self.value = f"{run_id} {socket.gethostname()} {os.getpid()} {since}"
         self._take = client.register_script(_TAKE)
         self._release = client.register_script(_RELEASE)
-        self.held = False
+        self._lock = threading.Lock()  # renewals (heartbeat thread) against the release
+        self._released = False
         self._taken_by: str | None = None
 
-    def try_take(self) -> Holder | None:
-        """Take or renew the lease; the other holder (and nothing changed) when it has one."""
-        answer = self._take(keys=[self.key], args=[self.value, self.run_id, self.ttl_ms])
-        if not answer:
-            self.held = True
-            return None
-        return Holder.parse(answer[0], answer[1])
-
-    def acquire(self, job_id: str, timeout_ms: int, say: Callable[[str], None]) -> None:
-        """Take the lease, waiting up to ``timeout_ms`` for another holder to release it or
-        let it expire; ``say`` is told why, at once and every :data:`SAY_EVERY_S`.
+    def try_take(self, *, retry_for_s: float = 0) -> Holder | None:
+        """Take or renew the lease; the other holder (and nothing changed) when it has one.
 
         Raises:
-            AnotherDriverError: still held by another driver after ``timeout_ms``.
+            TransportError: Redis stayed unreachable for ``retry_for_s`` or refused the script.
         """
-        started = time.monotonic()
+        answer = retrying(
+            lambda: self._take(keys=[self.key], args=[self.value, self.run_id, self.ttl_ms]),
+            f"take the lease {self.key}",
+            self.client,
+            retry_for_s=retry_for_s,
+        )
+        return Holder.parse(answer[0], answer[1]) if answer else None
+
+    def acquire(
+        self,
+        job_id: str,
+        timeout_ms: int,
+        say: Callable[[str], None],
+        stop: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Take the lease, waiting for another holder to release it or let it expire: up to
+        ``timeout_ms``, and at least until the holder's lease as first seen and this one's
+        time to live ran out (a holder that died without releasing it is always outlived);
+        ``say`` is told why, at once and every :data:`SAY_EVERY_S`. False: ``stop()`` (a
+        cancel) ended the wait, or came once it was taken (then it is released again).
+
+        Raises:
+            AnotherDriverError: still held by another driver after that wait.
+            TransportError: Redis stayed unreachable (as for any command of the job's).
+        """
+        started = self.clock.monotonic_ms()
+        deadline_ms = max(timeout_ms, self.ttl_ms + 1000)
         said_at: float | None = None
-        while True:
-            holder = self.try_take()
+        while not stop():
+            holder = self.try_take(retry_for_s=RETRY_FOR_S)
             if holder is None:
-                return
-            waited = time.monotonic() - started
-            if waited * 1000 >= timeout_ms:
+                if stop():
+                    self.release()
+                    return False
+                return True
+            waited = (self.clock.monotonic_ms() - started) / 1000
+            if said_at is None:
+                deadline_ms = max(deadline_ms, holder.left_ms + 1000)
+            if waited * 1000 >= deadline_ms:
                 raise AnotherDriverError(
                     f"job {job_id} is running with another driver ({holder.describe()}): a "
                     "job runs one driver at a time. Stop that one first (sparkpoint cancel "
@@ -139,18 +176,23 @@ class DriverLease:
                 said_at = waited
                 say(
                     f"job {job_id} runs with another driver ({holder.describe()}): waiting "
-                    f"for it to end ({waited:.0f} s of {timeout_ms / 1000:g} s; its lease "
+                    f"for it to end ({waited:.0f} s of {deadline_ms / 1000:g} s; its lease "
                     f"ends in {max(holder.left_ms, 0) / 1000:.0f} s unless it renews it)"
                 )
-            time.sleep(min(0.5, timeout_ms / 1000 - waited))
+            self.sleep(min(0.5, deadline_ms / 1000 - waited))
+        return False
 
     def renew(self) -> None:
-        """Keep the lease (with each heartbeat); say once when another driver took it."""
-        try:
-            holder = self.try_take()
-        except redis.RedisError as err:
-            log.warning("%s: lease not renewed: %s", self.key, err)
-            return
+        """Keep the lease (with each heartbeat); say once when another driver took it. A
+        failure is logged: the next heartbeat renews it again."""
+        with self._lock:
+            if self._released:
+                return
+            try:
+                holder = self.try_take()
+            except SparkpointError as err:
+                log.warning("%s: lease not renewed: %s", self.key, err)
+                return
         if holder is not None and holder.run != self._taken_by:
             self._taken_by = holder.run
             log.warning(
@@ -162,11 +204,18 @@ class DriverLease:
             )
 
     def release(self) -> None:
-        """Give the lease up (if still this driver's): the next driver starts at once."""
-        if not self.held:
-            return
-        try:
-            self._release(keys=[self.key], args=[self.value])
-        except redis.RedisError as err:
-            log.warning("%s: lease not released (it expires): %s", self.key, err)
-        self.held = False
+        """Give the lease up for good (if still this driver's): the next driver starts at
+        once, and no renewal takes it again."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            try:
+                retrying(
+                    lambda: self._release(keys=[self.key], args=[self.value]),
+                    f"release the lease {self.key}",
+                    self.client,
+                    retry_for_s=0,
+                )
+            except SparkpointError as err:
+                log.warning("%s: lease not released (it expires): %s", self.key, err)

@@ -182,8 +182,8 @@ def test_a_driver_naming_another_checkpoint_directory_is_refused(
     with harness.sessions() as s:
         rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == harness.job_id)).all()
         assert [r.checkpoint_id for r in rows] == [cid]
-    # With its own directory written differently (a trailing slash) it runs again.
-    harness.register(incarnation="run-3", checkpoint_dir=harness.checkpoint_dir + "/")
+    # With its own directory written otherwise (a URL, a trailing slash) it runs again.
+    harness.register(incarnation="run-3", checkpoint_dir=f"file://{harness.checkpoint_dir}/")
     [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
     assert (restore.new_attempt, restore.checkpoint_id) == (2, cid)
 
