@@ -174,10 +174,11 @@ class DriverLease:
                 )
             if said_at is None or waited - said_at >= SAY_EVERY_S:
                 said_at = waited
+                wait_s = round(deadline_ms / 1000, 1)
                 say(
                     f"job {job_id} runs with another driver ({holder.describe()}): waiting "
-                    f"for it to end ({waited:.0f} s of {deadline_ms / 1000:g} s; its lease "
-                    f"ends in {max(holder.left_ms, 0) / 1000:.0f} s unless it renews it)"
+                    f"for it to end ({waited:.0f} s of {wait_s:g} s; its lease ends in "
+                    f"{max(holder.left_ms, 0) / 1000:.0f} s unless it renews it)"
                 )
             self.sleep(min(0.5, deadline_ms / 1000 - waited))
         return False
