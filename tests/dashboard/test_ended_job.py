@@ -17,7 +17,7 @@ def test_an_ended_job_cannot_be_steered_and_the_reason_says_why(state: str) -> N
     reason = actions.ended_reason(state)
     assert reason is not None
     assert reason.startswith(f"The job is {state}: it no longer runs")
-    assert "--from-checkpoint PATH" in reason  # the option that exists
+    assert "--from-checkpoint PATH" in reason and "--job-id" in reason  # options that exist
 
 
 @pytest.mark.parametrize("state", ["CREATED", "RUNNING", "RESTARTING", "FAILING", None])

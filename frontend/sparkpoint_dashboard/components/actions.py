@@ -50,9 +50,10 @@ def ended_reason(state: str | None) -> str | None:
         return None
     return (
         f"The job is {state}: it no longer runs, so it takes no checkpoint or savepoint and "
-        "cannot be stopped, canceled, restored or reconfigured. To run it again, start it anew "
-        "from one of its savepoints or retained checkpoints "
-        "(sparkpoint run JOB.py --from-checkpoint PATH)."
+        "cannot be stopped, canceled, restored or reconfigured. To run it again: "
+        "sparkpoint run JOB.py with this job's --job-id continues from its newest checkpoint, "
+        "with that command line's checkpoint settings; add --from-checkpoint PATH to start "
+        "from one of its savepoints or retained checkpoints instead."
     )
 
 
