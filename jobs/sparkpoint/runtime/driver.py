@@ -265,9 +265,18 @@ class JobDriver:
     def _runner(self) -> EpochRunner:
         if self._in_process:
             return LocalEpochRunner(self.graph)
-        session = self._spark or spark_session(
-            self.options.master, self.graph.name, spark_log=self.spark_log
-        )
+        try:
+            session = self._spark or spark_session(
+                self.options.master, self.graph.name, spark_log=self.spark_log
+            )
+        except KeyboardInterrupt:
+            # pyspark's SIGINT handler, in place from the SparkContext's start until arm()
+            # below puts the job's back: the Ctrl-C cancels the job as the job's handler does
+            # (the SparkContext is up: asking again only builds the session).
+            if self._signals is None or not self._signals.active:
+                raise
+            self._signals.interrupted(signal.SIGINT)
+            session = spark_session(self.options.master, self.graph.name, spark_log=self.spark_log)
         if self._signals is not None:
             self._signals.arm()  # the SparkContext may have put pyspark's SIGINT handler
         return SparkEpochRunner(self.graph, session)
@@ -322,6 +331,10 @@ class _SignalCancel:
             signal.signal(s, handler)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        self.interrupted(signum)
+
+    def interrupted(self, signum: int) -> None:
+        """``signum`` arrived (here, or in a handler that was not this one's)."""
         self.received.append(signum)
         self.restore()
         self.authority.request_cancel()

@@ -126,6 +126,8 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
         builder = builder.config("spark.python.daemon.module", python_daemon.__name__)
         if spark_log is not None:
             builder = builder.config(f"spark.executorEnv.{python_daemon.SPARK_LOG_ENV}", spark_log)
+    if spark_log is not None:  # also while it starts: a Ctrl-C then breaks py4j's call
+        _quiet_py4j_root_records()
     try:
         session = (
             builder.master(master)
@@ -142,7 +144,6 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
             session.sparkContext.setLogLevel("ERROR")
         else:
             _quiet_accumulator_server(session.sparkContext)
-            _quiet_py4j_root_records()
     except Exception as err:
         lost = spark_lost(err)
         if lost is not None:
