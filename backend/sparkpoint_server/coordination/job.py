@@ -191,6 +191,33 @@ class JobRuntime:
         return status == self.status or status in TRANSITIONS[self.status]
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """How a job checkpoints and restarts, from its registration or its stored row."""
+
+    checkpoint: CheckpointConfig
+    restart: RestartStrategy
+
+
+def run_settings_from(
+    checkpoint_config: dict[str, Any], restart_strategy: dict[str, Any]
+) -> RunSettings:
+    """Raises:
+    ConfigurationError: an invalid checkpoint configuration or restart strategy.
+    """
+    cfg = checkpoint_config_from(checkpoint_config)
+    restart = restart_strategy_from_config(
+        dict(restart_strategy), checkpointing_enabled=cfg.interval_ms > 0
+    )
+    return RunSettings(cfg, restart)
+
+
+def storage_of(config: dict[str, Any], default_dir: str) -> tuple[str, str]:
+    """The checkpoint storage a job's configuration names: its kind and its directory."""
+    kind = str(config.get("checkpoint_storage") or "filesystem")
+    return kind, str(config.get("checkpoint_dir") or default_dir)
+
+
 def build_runtime(
     *,
     job_id: str,
@@ -214,17 +241,18 @@ def build_runtime(
     tasks = tasks_of(graph)
     if not tasks:
         raise ConfigurationError(f"job {job_id}: the registered graph has no vertices")
-    cfg = checkpoint_config_from(checkpoint_config)
-    restart = restart_strategy_from_config(
-        dict(restart_strategy), checkpointing_enabled=cfg.interval_ms > 0
-    )
+    settings = run_settings_from(checkpoint_config, restart_strategy)
     storage = checkpoint_storage_from_options(
-        config.get("checkpoint_storage") or "filesystem",
-        config.get("checkpoint_dir") or default_checkpoint_dir,
+        *storage_of(config, default_checkpoint_dir),
         int(config.get("max_inline_state_bytes") or (1 << 20)),
     )
     coordinator = CheckpointCoordinator(
-        job_id, tasks, cfg, clock, attempt=max(attempt, 1), next_checkpoint_id=next_checkpoint_id
+        job_id,
+        tasks,
+        settings.checkpoint,
+        clock,
+        attempt=max(attempt, 1),
+        next_checkpoint_id=next_checkpoint_id,
     )
     return JobRuntime(
         job_id=job_id,
@@ -232,7 +260,7 @@ def build_runtime(
         graph=graph,
         config=config,
         coordinator=coordinator,
-        restart=restart,
+        restart=settings.restart,
         status=status,
         incarnation=incarnation,
         storage=storage,

@@ -25,6 +25,7 @@ from sparkpoint.transport import ReceivedMessage
 from sparkpoint_server.coordination.job import (
     JobRuntime,
     Origin,
+    RunSettings,
     build_runtime,
     checkpoint_config_dict,
     tasks_of,
@@ -36,7 +37,6 @@ from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service import origins, run_settings, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
-from sparkpoint_server.service.run_settings import RunSettings
 from sparkpoint_server.service.storage_io import StorageRoots, state_paths
 from sparkpoint_server.storage.models import Job
 

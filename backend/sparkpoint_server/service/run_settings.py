@@ -15,36 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import Any
 
 from sparkpoint import protocol as p
-from sparkpoint.checkpointing.config import CheckpointConfig
-from sparkpoint.checkpointing.restart import RestartStrategy, restart_strategy_from_config
 from sparkpoint.errors import ConfigurationError
 from sparkpoint_server.coordination.job import (
     JobRuntime,
+    RunSettings,
     checkpoint_config_dict,
-    checkpoint_config_from,
+    run_settings_from,
+    storage_of,
 )
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.batch import Batch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """An ended job's settings for its run again, read from its registration."""
-
-    checkpoint: CheckpointConfig
-    restart: RestartStrategy
-
-
-def _storage(config: dict[str, Any], default_dir: str) -> tuple[str, str]:
-    kind = str(config.get("checkpoint_storage") or "filesystem")
-    return kind, str(config.get("checkpoint_dir") or default_dir)
 
 
 def check_storage(rt: JobRuntime, ev: p.JobRegistered, default_dir: str) -> None:
@@ -55,7 +40,7 @@ def check_storage(rt: JobRuntime, ev: p.JobRegistered, default_dir: str) -> None
             directory than the job's (the same one written otherwise is the same: a
             ``file://`` URL or a path, a trailing slash, a link).
     """
-    kept, named = _storage(rt.config, default_dir), _storage(dict(ev.config), default_dir)
+    kept, named = storage_of(rt.config, default_dir), storage_of(dict(ev.config), default_dir)
     if kept[0] == named[0] and storage_io.same_place(kept[1], named[1]):
         return
     kinds = kept[0] != named[0]
@@ -77,13 +62,7 @@ def rerun_settings(ev: p.JobRegistered) -> RunSettings:
     Raises:
         ConfigurationError: naming what of its command line is invalid.
     """
-    config = dict(ev.config)
-    checkpoint = checkpoint_config_from(config)
-    restart = restart_strategy_from_config(
-        dict(config.get("restart_strategy") or {}),
-        checkpointing_enabled=checkpoint.interval_ms > 0,
-    )
-    return RunSettings(checkpoint, restart)
+    return run_settings_from(dict(ev.config), dict(ev.config.get("restart_strategy") or {}))
 
 
 def adopt(batch: Batch, rt: JobRuntime, settings: RunSettings) -> None:

@@ -265,10 +265,12 @@ class JobDriver:
     def _runner(self) -> EpochRunner:
         if self._in_process:
             return LocalEpochRunner(self.graph)
+
+        def build() -> Any:
+            return spark_session(self.options.master, self.graph.name, spark_log=self.spark_log)
+
         try:
-            session = self._spark or spark_session(
-                self.options.master, self.graph.name, spark_log=self.spark_log
-            )
+            session = self._spark or build()
         except KeyboardInterrupt:
             # pyspark's SIGINT handler, in place from the SparkContext's start until arm()
             # below puts the job's back: the Ctrl-C cancels the job as the job's handler does
@@ -276,7 +278,7 @@ class JobDriver:
             if self._signals is None or not self._signals.active:
                 raise
             self._signals.interrupted(signal.SIGINT)
-            session = spark_session(self.options.master, self.graph.name, spark_log=self.spark_log)
+            session = build()
         if self._signals is not None:
             self._signals.arm()  # the SparkContext may have put pyspark's SIGINT handler
         return SparkEpochRunner(self.graph, session)
