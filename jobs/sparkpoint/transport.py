@@ -320,6 +320,8 @@ class CommandChannel:
     Malformed entries (and events sent to a command stream) are logged, acknowledged, counted
     in :attr:`malformed` and skipped: a bad command never crashes the job. With a ``verifier``
     (:class:`sparkpoint.signing.CommandVerifier`), so are unsigned, forged and replayed ones.
+    ``fence`` runs before each read and after one that returned commands, and raises when this
+    reader may no longer take the job's commands (another driver took its lease).
     """
 
     def __init__(
@@ -329,12 +331,14 @@ class CommandChannel:
         consumer: str,
         streams: Streams = Streams(),
         verifier: Callable[[protocol.Envelope], str | None] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.job_id = job_id
         self.consumer = consumer
         self.stream = streams.commands(job_id)
         self.verifier = verifier
+        self.fence = fence
         self.malformed = 0
 
     def open(self) -> None:
@@ -394,8 +398,12 @@ class CommandChannel:
                     raise
                 return None  # the stream was deleted
 
+        if self.fence is not None:
+            self.fence()
         what = f"read commands of job {self.job_id} from {self.stream}"
         response = retrying(read_group, what, self.client, retry_for_s=retry_for_s)
+        if response and self.fence is not None:
+            self.fence()  # paused during the read: what it took stays unacknowledged
         if response is None:
             self._reopen_deleted()
             return []

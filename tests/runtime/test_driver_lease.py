@@ -14,15 +14,24 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
 from sparkpoint.runtime.driver_lease import (
     MIN_TTL_MS,
     AnotherDriverError,
     DriverLease,
+    DriverSupersededError,
     lease_key,
     lease_ttl_ms,
 )
-from sparkpoint.transport import TransportError
+from sparkpoint.runtime.heartbeats import DriverHeartbeats
+from sparkpoint.transport import (
+    CommandChannel,
+    RedisEventSink,
+    Streams,
+    TransportError,
+    send_command,
+)
 
 
 @pytest.fixture
@@ -164,3 +173,62 @@ def test_an_unreachable_redis_is_a_transport_error_not_a_crash(key: str) -> None
 def test_the_lease_outlives_missed_renewals() -> None:
     assert lease_ttl_ms(10_000) == 30_000
     assert lease_ttl_ms(100) == MIN_TTL_MS
+
+
+def _taken_over(client: redis.Redis, key: str) -> tuple[DriverLease, ManualClock, DriverLease]:
+    """A driver holding the lease, paused longer than its time to live, and the driver of
+    another run that took the lease meanwhile."""
+    lease, clock = _lease(client, key, "run-a", ttl_ms=3000)
+    lease.acquire("job-1", 1000, pytest.fail)
+    clock.advance(3000)
+    client.delete(key)  # Redis let it expire
+    other, _ = _lease(client, key, "run-b")
+    other.acquire("job-1", 0, pytest.fail)
+    return lease, clock, other
+
+
+def test_a_driver_whose_lease_was_taken_over_is_fenced_off(client: redis.Redis, key: str) -> None:
+    lease, _, other = _taken_over(client, key)
+    with pytest.raises(DriverSupersededError) as err:
+        lease.check("job-1")
+    assert str(err.value).startswith("job job-1 was taken over by another driver (pid ")
+    assert "this driver held its lease for no more than 3 s (it was paused" in str(err.value)
+    assert lease.lost
+    lease.renew()  # no heartbeat takes it back
+    with pytest.raises(DriverSupersededError):
+        lease.check("job-1")
+    lease.release()
+    assert client.get(key).decode() == other.value
+
+
+def test_a_late_check_renews_a_lease_nobody_took(client: redis.Redis, key: str) -> None:
+    lease, clock = _lease(client, key, "run-a", ttl_ms=3000)
+    lease.acquire("job-1", 1000, pytest.fail)
+    client.pexpire(key, 1)  # its heartbeats were held up: it is about to expire
+    clock.advance(1999)
+    lease.check("job-1")  # renewals came in time as far as it knows: no call to Redis
+    assert client.pttl(key) <= 1
+    clock.advance(1)
+    lease.check("job-1")  # two thirds of the time to live without a renewal: renewed now
+    assert 2000 < client.pttl(key) <= 3000 and not lease.lost
+
+
+def test_a_fenced_off_driver_reads_no_command_and_sends_no_heartbeat(
+    client: redis.Redis, key: str, streams: Streams
+) -> None:
+    lease, clock, _ = _taken_over(client, key)
+    fenced = CommandChannel(
+        client, "job-1", "driver-a", streams, fence=lambda: lease.check("job-1")
+    )
+    fenced.open()
+    new = CommandChannel(client, "job-1", "driver-b", streams)
+    sent = send_command(client, streams, "job-1", 2, 1, p.CancelJob(cause="user"))
+    with pytest.raises(DriverSupersededError):
+        fenced.read()
+    assert [m.entry_id for m in new.read()] == [sent]  # the new driver's, as it should be
+    beats = DriverHeartbeats(
+        RedisEventSink(client, streams), "job-1", "incarnation-a", 1, lease=lease
+    )
+    beats.start(lambda: 1, clock)
+    beats.stop()
+    assert client.xlen(streams.events) == 0

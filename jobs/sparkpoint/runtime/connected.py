@@ -32,6 +32,7 @@ from sparkpoint.job_graph import Region
 from sparkpoint.runtime.authority import Authority, JobFailedError, registration
 from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
 from sparkpoint.runtime.control_plane_link import ControlPlaneLink
+from sparkpoint.runtime.driver_lease import DriverSupersededError
 from sparkpoint.runtime.epoch_commands import EpochCommandReader
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
@@ -247,7 +248,10 @@ class ControlPlaneAuthority(Authority):
         self.job.set_status(status, cause)
 
     def _report_failed(self, err: SparkpointError) -> None:
-        """Tell the control plane that a registered job failed (if Redis still listens)."""
+        """Tell the control plane that a registered job failed (if Redis still listens); a
+        driver that another one took over from tells nothing (the job is that one's now)."""
+        if isinstance(err, DriverSupersededError):
+            return
         if self._registered and self.job.status is not p.JobStatus.FAILED:
             with suppress(SparkpointError):
                 self.job.set_status(p.JobStatus.FAILED, str(err))

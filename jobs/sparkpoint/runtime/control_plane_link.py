@@ -65,7 +65,12 @@ class ControlPlaneLink:
             streams=streams,
             events=RedisEventSink(client, streams, signer=Signer(lambda _: key, incarnation)),
             channel=CommandChannel(
-                client, options.job_id, incarnation, streams, verifier=CommandVerifier(key)
+                client,
+                options.job_id,
+                incarnation,
+                streams,
+                verifier=CommandVerifier(key),
+                fence=lambda: lease.check(options.job_id),
             ),
             incarnation=incarnation,
             heartbeat_interval_ms=interval_ms,

@@ -20,8 +20,14 @@ heartbeat), and the driver deletes it when it ends.
   over. Still held then, it is refused, naming the holder; it never touched the job's
   streams. A cancel (SIGTERM, SIGINT) ends the wait.
 
-A driver that finds its lease taken while it runs (its renewals stopped for longer than the
-time to live) says so; the control plane's failover to the new driver decides.
+A driver whose lease another driver took while it ran (it was paused, or cut off from Redis,
+for longer than the time to live) is fenced off: it reads no command more (the job's one
+consumer group would hand it commands meant for the new driver), sends no heartbeat, and ends
+with :class:`DriverSupersededError` without telling the control plane anything (exit 1; its
+supervisor starts no other driver). Each read of the command stream checks the lease first
+(:meth:`DriverLease.check`): at no cost while renewals come in time, with one Redis call once
+the last renewal is older than two thirds of the time to live. Flink's JobMaster that loses its
+leadership stops the same way.
 """
 
 from __future__ import annotations
@@ -68,6 +74,10 @@ return 0
 
 class AnotherDriverError(SparkpointError):
     """The job runs with another driver process: a job runs one driver at a time."""
+
+
+class DriverSupersededError(AnotherDriverError):
+    """Another driver took this running driver's lease: this one stops, touching nothing."""
 
 
 def lease_ttl_ms(heartbeat_interval_ms: int) -> int:
@@ -120,7 +130,8 @@ class DriverLease:
         self._release = client.register_script(_RELEASE)
         self._lock = threading.Lock()  # renewals (heartbeat thread) against the release
         self._released = False
-        self._taken_by: str | None = None
+        self._held_at_ms: float | None = None  # when the last take or renewal that held was sent
+        self._lost: Holder | None = None  # the driver that took the lease over from this one
 
     def try_take(self, *, retry_for_s: float = 0) -> Holder | None:
         """Take or renew the lease; the other holder (and nothing changed) when it has one.
@@ -128,13 +139,17 @@ class DriverLease:
         Raises:
             TransportError: Redis stayed unreachable for ``retry_for_s`` or refused the script.
         """
+        sent_at = self.clock.monotonic_ms()
         answer = retrying(
             lambda: self._take(keys=[self.key], args=[self.value, self.run_id, self.ttl_ms]),
             f"take the lease {self.key}",
             self.client,
             retry_for_s=retry_for_s,
         )
-        return Holder.parse(answer[0], answer[1]) if answer else None
+        if not answer:
+            self._held_at_ms = sent_at  # it expires ttl_ms after Redis ran it: not sooner
+            return None
+        return Holder.parse(answer[0], answer[1])
 
     def acquire(
         self,
@@ -184,25 +199,53 @@ class DriverLease:
         return False
 
     def renew(self) -> None:
-        """Keep the lease (with each heartbeat); say once when another driver took it. A
-        failure is logged: the next heartbeat renews it again."""
+        """Keep the lease (with each heartbeat); a failure is logged, and the next heartbeat
+        renews it again. Found held by another driver: this one is fenced off (:attr:`lost`)."""
         with self._lock:
-            if self._released:
+            if self._released or self._lost is not None:
                 return
             try:
                 holder = self.try_take()
             except SparkpointError as err:
                 log.warning("%s: lease not renewed: %s", self.key, err)
                 return
-        if holder is not None and holder.run != self._taken_by:
-            self._taken_by = holder.run
-            log.warning(
-                "%s: another driver (%s) took this job's lease: this driver's renewals "
-                "stopped for longer than %d ms; the control plane decides which one runs it",
-                self.key,
-                holder.describe(),
-                self.ttl_ms,
+            if holder is not None:
+                self._superseded(holder)
+
+    @property
+    def lost(self) -> bool:
+        """Another driver took the lease over from this one (it stops: the module docstring)."""
+        return self._lost is not None
+
+    def check(self, job_id: str) -> None:
+        """Before this driver reads a command: make sure it still holds the lease. Free while
+        renewals come in time; once the last one is older than two thirds of the time to live
+        (the heartbeat thread was held up, the process paused), renewed here and now.
+
+        Raises:
+            DriverSupersededError: another driver took the lease over; this one must stop
+                without touching the job (its commands, its events, its sinks).
+        """
+        held_at, now = self._held_at_ms, self.clock.monotonic_ms()
+        if self._lost is None and held_at is not None and now - held_at >= self.ttl_ms * 2 / 3:
+            self.renew()
+        if self._lost is not None:
+            raise DriverSupersededError(
+                f"job {job_id} was taken over by another driver ({self._lost.describe()}): "
+                f"this driver held its lease for no more than {self.ttl_ms / 1000:g} s (it was "
+                "paused, or cut off from Redis), so that driver took the job; this one stops "
+                "without touching the job. See the job's state with `sparkpoint list`"
             )
+
+    def _superseded(self, holder: Holder) -> None:
+        self._lost = holder
+        log.warning(
+            "%s: another driver (%s) took this job's lease: this driver's renewals stopped for "
+            "longer than %d ms; it reads no command and sends no heartbeat more, and stops",
+            self.key,
+            holder.describe(),
+            self.ttl_ms,
+        )
 
     def release(self) -> None:
         """Give the lease up for good (if still this driver's): the next driver starts at

@@ -112,9 +112,11 @@ class DriverHeartbeats:
 
     def _run(self, attempt: Callable[[], int], clock: Clock) -> None:
         while True:
-            self.beat(attempt(), clock)
             if self.lease is not None:
                 self.lease.renew()
+                if self.lease.lost:  # another driver runs the job: its heartbeats count now
+                    return
+            self.beat(attempt(), clock)
             if self._stop.wait(self.interval_ms / 1000):
                 return
 
