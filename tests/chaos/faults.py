@@ -1,9 +1,12 @@
-"""The faults of the chaos suite: real kills of real processes, a full disk, a locked database.
+"""The faults of the chaos suite: real kills and pauses of real processes, a full disk, a
+locked database.
 
 Each fault acts on the processes of one chaos run (:class:`ChaosTargets`): the supervisor
-(``sparkpoint run``), its driver (the Python process), the driver's Spark JVM and the Python
-workers under it, the control plane (``sparkpoint server``), its engine (the child that
-coordinates, unless the server runs in one process) and its embedded Redis; on the checkpoint
+(``sparkpoint run``), its driver (the Python process: killed, or paused with SIGSTOP as a long
+garbage collection or a suspended VM would, longer than its heartbeat timeout at times), the
+driver's Spark JVM and the Python workers under it, the control plane (``sparkpoint server``:
+killed, or paused with its engine), its engine (the child that coordinates, unless the server
+runs in one process) and its embedded Redis; on the checkpoint
 storage (a small tmpfs that can be filled to ``ENOSPC``) and on the control plane's SQLite
 database (held under an exclusive lock). A fault that finds nothing to act on (no Python
 worker alive at that instant) says so and is counted as skipped, never as run.
@@ -30,7 +33,9 @@ KINDS = (
     "python-worker",
     "driver-jvm",
     "driver",
+    "driver-paused",
     "control-plane",
+    "control-plane-paused",
     "engine",
     "redis",
     "storage-full",
@@ -71,6 +76,22 @@ def _cmdline(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return ""
+
+
+def _pause(procs: list[psutil.Process], seconds: float) -> bool:
+    """SIGSTOP ``procs`` for ``seconds``, then SIGCONT; whether one of them was paused."""
+    paused = []
+    try:
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGSTOP)
+                paused.append(proc)
+        time.sleep(seconds)
+    finally:
+        for proc in paused:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)
+    return bool(paused)
 
 
 def _kill(proc: psutil.Process) -> bool:
@@ -141,6 +162,25 @@ class ChaosTargets:
             return FaultResult("driver", False, "no driver process alive")
         # Only the Python process: its Spark JVM notices (stdin closes) and exits by itself.
         return FaultResult("driver", _kill(driver), f"SIGKILL driver pid {driver.pid}")
+
+    def _driver_paused(self) -> FaultResult:
+        driver = self.driver()
+        if driver is None:
+            return FaultResult("driver-paused", False, "no driver process alive")
+        held = self.rng.uniform(2.0, 12.0)  # its lease lives 3 s, its heartbeat timeout 6 s
+        ran = _pause([driver], held)
+        return FaultResult("driver-paused", ran, f"SIGSTOP driver pid {driver.pid}, {held:.1f} s")
+
+    def _control_plane_paused(self) -> FaultResult:
+        """The control plane and its engine paused (not its Redis: the job's events queue)."""
+        pid = self.server_pid()
+        if pid is None:
+            return FaultResult("control-plane-paused", False, "no control plane alive")
+        held = self.rng.uniform(2.0, 10.0)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            ran = _pause([psutil.Process(pid), *_engines(pid)], held)
+            return FaultResult("control-plane-paused", ran, f"SIGSTOP pid {pid}, {held:.1f} s")
+        return FaultResult("control-plane-paused", False, f"pid {pid} ended before its pause")
 
     def _control_plane(self) -> FaultResult:
         pid = self.server_pid()

@@ -3,10 +3,12 @@
 The PV job runs supervised (``sparkpoint run``) against a real ``sparkpoint server`` with its
 embedded Redis and SQLite, checkpoints every second into a tmpfs of its own. Faults come at
 random moments (a seeded schedule, every kind in turn; start-up, warm-up and restore included):
-a Python worker, the driver's JVM or the driver process killed, the control plane killed and
-restarted, its engine alone killed (the server starts it again, or stops when it died too
-often and is restarted), the embedded Redis killed, the checkpoint storage full then freed,
-the database locked for 10 s. It runs with the server as it starts by default (the API and
+a Python worker, the driver's JVM or the driver process killed, the driver paused (SIGSTOP)
+for 2-12 s, longer at times than its lease (3 s) and its heartbeat timeout (6 s: heartbeats
+every second), the control plane killed and restarted, or paused with its engine for 2-10 s,
+its engine alone killed (the server starts it again, or stops when it died too often and is
+restarted), the embedded Redis killed, the checkpoint storage full then freed, the database
+locked for 10 s. It runs with the server as it starts by default (the API and
 its engine, two processes) and, with ``make chaos``, also in one process
 (``SPARKPOINT_API_PROCESS=false``, where the engine fault finds no engine and is skipped).
 When the faults stop the job must finish by itself, and then:
@@ -75,6 +77,9 @@ class EmbeddedServer(ServerProcess):
         env = super().env()
         env.pop("REDIS_URL")
         env["SPARKPOINT_API_PROCESS"] = "true" if self.api_process else "false"
+        # A driver paused for longer than this is failed over (to itself, once it wakes).
+        env["SPARKPOINT_HEARTBEAT_INTERVAL"] = "1"
+        env["SPARKPOINT_HEARTBEAT_TIMEOUT"] = "6"
         return env
 
 
@@ -218,9 +223,10 @@ def _write_report(run: ChaosRun, summary: dict[str, Any]) -> None:
 def test_a_connected_job_under_faults_loses_nothing_and_leaves_nothing(chaos: ChaosRun) -> None:
     run = chaos
     # Input for the fault window and some more: the job is still reading when faults stop,
-    # also when the first round of every kind runs past the window (up to ~70 s: seven gaps
-    # of at most 7 s, the database locked for 10 s, the storage full for up to 8 s).
-    events = int(RATE * (SECONDS + 45))
+    # also when the first round of every kind runs past the window (up to ~110 s: ten gaps
+    # of at most 7 s, the database locked for 10 s, the storage full for up to 8 s, pauses of
+    # up to 12 and 10 s).
+    events = int(RATE * (SECONDS + 75))
     rng = random.Random(SEED)
     server = run.server
 
