@@ -41,6 +41,7 @@ def _drive(job: str, job_args: Sequence[str]) -> int:
     :mod:`sparkpoint.supervisor`."""
     from sparkpoint.runtime.authority import JobCanceledError
     from sparkpoint.runtime.spark import SparkLostError, spark_lost
+    from sparkpoint.transport import ControlPlaneLostError
 
     sys.argv = [job, *job_args]
     job_dir = os.path.dirname(os.path.abspath(job))
@@ -56,7 +57,7 @@ def _drive(job: str, job_args: Sequence[str]) -> int:
     except JobCanceledError as err:
         print(f"sparkpoint run: {err}", file=sys.stderr)
         return exit_canceled(err.signum)
-    except SparkLostError as err:
+    except (SparkLostError, ControlPlaneLostError) as err:
         return _driver_lost(str(err))
     except SparkpointError as err:
         print(f"sparkpoint run: {err}", file=sys.stderr)

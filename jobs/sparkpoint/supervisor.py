@@ -8,7 +8,8 @@ fixed job id. Its exit codes (the driver's own, when it ends by itself):
   driver, or here after a driver died), or the job raised an error.
 - ``2``: invalid configuration; nothing ran (or the driver refused it before Spark started).
 - ``75`` (:data:`EXIT_DRIVER_LOST`, sysexits' ``EX_TEMPFAIL``): a driver that lost its Spark
-  (the JVM died, the SparkContext stopped) ends with it: recoverable. The supervisor restarts
+  (the JVM died, the SparkContext stopped) ends with it: recoverable. So does a connected
+  driver that lost its control plane's Redis (``ControlPlaneLostError``). The supervisor restarts
   such a driver; ``sparkpoint run`` only ends with it when run with ``SPARKPOINT_SUPERVISED=1``.
 - ``128 + N`` (130 for SIGINT, 143 for SIGTERM): canceled by signal N. The job stopped at an
   epoch boundary and reported CANCELED; work since its last completed checkpoint stays

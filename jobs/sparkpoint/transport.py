@@ -49,6 +49,12 @@ class TransportError(SparkpointError):
     """Redis could not be reached (or refused a write); the message names the URL and stream."""
 
 
+class ControlPlaneLostError(SparkpointError):
+    """Redis stayed unreachable while a connected driver ran: the driver ends as one that lost
+    its Spark does (exit 75), and ``sparkpoint run`` starts the next, which registers again
+    once Redis is back; the control plane then fails the job over to its latest checkpoint."""
+
+
 @dataclass(frozen=True)
 class Streams:
     """The names of the streams, all under one configurable prefix."""

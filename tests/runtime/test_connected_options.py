@@ -14,10 +14,14 @@ from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions, parse_job_options
 from sparkpoint.runtime.authority import InProcessAuthority
 from sparkpoint.runtime.connected import ControlPlaneAuthority
+from sparkpoint.runtime.control_plane_link import ControlPlaneLink
 from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.signing import JOB_KEY_ENV, SECRET_FILE, driver_job_key, job_key
-from sparkpoint.supervisor import SUPERVISED_ENV
+from sparkpoint.supervisor import PREVIOUS_FAILURE_ENV, SUPERVISED_ENV
 from sparkpoint.testing import ListSource
+from sparkpoint.transport import ControlPlaneLostError, TransportError
+
+from ..support.redis_server import REDIS_URL
 
 
 @pytest.fixture
@@ -119,3 +123,26 @@ def test_a_connected_driver_signs_with_its_key_from_the_environment_or_the_data_
     with pytest.raises(ConfigurationError) as err:
         driver_job_key("j", {"SPARKPOINT_DATA_DIR": str(tmp_path / "elsewhere")})
     assert "job j cannot sign its events" in str(err.value) and JOB_KEY_ENV in str(err.value)
+
+
+def test_a_lost_redis_is_recoverable_once_the_driver_registered_or_was_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis unreachable past the retries: the driver ends as lost (exit 75, ``sparkpoint
+    run`` starts the next) when it had registered or was itself a restarted driver; at a
+    run's first start it stays an error (a wrong --redis-url is not retried for ever)."""
+    monkeypatch.setenv(JOB_KEY_ENV, "00" * 32)
+    monkeypatch.delenv(PREVIOUS_FAILURE_ENV, raising=False)
+    link = ControlPlaneLink.connect(JobOptions(job_id="lost", redis_url=REDIS_URL))
+    gone = TransportError("Redis at redis://127.0.0.1:6390/0 unreachable after 20 attempt(s)")
+    link.raise_if_lost(gone, registered=False)
+    link.raise_if_lost(ConfigurationError("no"), registered=True)
+    with pytest.raises(ControlPlaneLostError) as err:
+        link.raise_if_lost(gone, registered=True)
+    assert str(err.value).startswith("lost the control plane's Redis: Redis at redis://127")
+    monkeypatch.setenv(PREVIOUS_FAILURE_ENV, "the driver was killed (SIGKILL)")
+    restarted = ControlPlaneLink.connect(JobOptions(job_id="lost", redis_url=REDIS_URL))
+    with pytest.raises(ControlPlaneLostError):
+        restarted.raise_if_lost(gone, registered=False)
+    for each in (link, restarted):
+        each.client.close()

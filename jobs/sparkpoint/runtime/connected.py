@@ -46,7 +46,7 @@ from sparkpoint.runtime.recovery import (
 )
 from sparkpoint.runtime.silence import Silence
 from sparkpoint.runtime.spark import SparkLostError
-from sparkpoint.transport import ReceivedMessage
+from sparkpoint.transport import ReceivedMessage, TransportError
 
 #: How long one wait for commands blocks (back-pressure, a decision, the final checkpoint).
 WAIT_MS = 100
@@ -174,6 +174,7 @@ class ControlPlaneAuthority(Authority):
                 self._finish()  # refused (FAILED: raises, before Spark starts) or cancelled
         except SparkpointError as err:
             self._report_failed(err)
+            self.link.raise_if_lost(err, self._registered)
             raise
 
     def run(self, runner: EpochRunner) -> None:
@@ -214,6 +215,7 @@ class ControlPlaneAuthority(Authority):
             raise  # lost Spark: the supervisor's next driver reports it (or the heartbeats stop)
         except SparkpointError as err:
             self._report_failed(err)
+            self.link.raise_if_lost(err, self._registered)
             raise
 
     def close(self) -> None:
@@ -248,9 +250,10 @@ class ControlPlaneAuthority(Authority):
         self.job.set_status(status, cause)
 
     def _report_failed(self, err: SparkpointError) -> None:
-        """Tell the control plane that a registered job failed (if Redis still listens); a
-        driver that another one took over from tells nothing (the job is that one's now)."""
-        if isinstance(err, DriverSupersededError):
+        """Tell the control plane that a registered job failed (if Redis still listens); not
+        a driver another one took over from (the job is that one's), nor a lost Redis (told
+        once Redis is back, it would fail the job for good: the next driver registers)."""
+        if isinstance(err, (DriverSupersededError, TransportError)):
             return
         if self._registered and self.job.status is not p.JobStatus.FAILED:
             with suppress(SparkpointError):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from sparkpoint.errors import ConfigurationError
+from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.options import JobOptions
 from sparkpoint.runtime.driver_lease import RUN_ID_ENV, DriverLease, lease_key, lease_ttl_ms
 from sparkpoint.runtime.heartbeats import (
@@ -18,7 +18,14 @@ from sparkpoint.runtime.heartbeats import (
     previous_failure,
 )
 from sparkpoint.signing import CommandVerifier, Signer, driver_job_key
-from sparkpoint.transport import CommandChannel, RedisEventSink, Streams, redis_client
+from sparkpoint.transport import (
+    CommandChannel,
+    ControlPlaneLostError,
+    RedisEventSink,
+    Streams,
+    TransportError,
+    redis_client,
+)
 
 
 @dataclass(frozen=True)
@@ -89,3 +96,15 @@ class ControlPlaneLink:
             ),
             lease=lease,
         )
+
+    def raise_if_lost(self, err: SparkpointError, registered: bool) -> None:
+        """Raise :class:`ControlPlaneLostError` for ``err`` when it is Redis that stayed
+        unreachable (past :data:`~sparkpoint.transport.RETRY_FOR_S`) once this driver had
+        registered, or in a driver that ``sparkpoint run`` started again: its next driver
+        waits for Redis, as long as it takes. Unreachable at a run's first start, Redis
+        stays an error (exit 1): a wrong ``--redis-url`` is not retried for ever."""
+        if isinstance(err, TransportError) and (registered or self.previous_failure is not None):
+            raise ControlPlaneLostError(
+                f"lost the control plane's Redis: {err}; the next driver registers again "
+                "once it is back, and the job fails over to its latest checkpoint"
+            ) from err
