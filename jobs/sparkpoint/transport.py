@@ -49,6 +49,10 @@ class TransportError(SparkpointError):
     """Redis could not be reached (or refused a write); the message names the URL and stream."""
 
 
+class RedisUnreachableError(TransportError):
+    """Redis stayed unreachable (no connection, or none that answered) for the retry window."""
+
+
 class ControlPlaneLostError(SparkpointError):
     """Redis stayed unreachable while a connected driver ran: the driver ends as one that lost
     its Spark does (exit 75), and ``sparkpoint run`` starts the next, which registers again
@@ -121,7 +125,7 @@ def retrying(
         except _CONNECTION_ERRORS as err:
             left_s = (deadline - clock.monotonic_ms()) / 1000
             if left_s <= 0:
-                raise TransportError(
+                raise RedisUnreachableError(
                     f"could not {what}: Redis at {client_url(client)} unreachable "
                     f"after {attempts} attempt(s) over {retry_for_s:g} s: {err}"
                 ) from err
@@ -391,6 +395,8 @@ class CommandChannel:
         """
 
         def read_group() -> Any:
+            if self.fence is not None:
+                self.fence()  # on every attempt: a driver paused in its retries reads nothing
             try:
                 return (client or self.client).xreadgroup(
                     COMMANDS_GROUP,
@@ -404,8 +410,6 @@ class CommandChannel:
                     raise
                 return None  # the stream was deleted
 
-        if self.fence is not None:
-            self.fence()
         what = f"read commands of job {self.job_id} from {self.stream}"
         response = retrying(read_group, what, self.client, retry_for_s=retry_for_s)
         if response and self.fence is not None:

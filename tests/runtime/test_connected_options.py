@@ -19,7 +19,7 @@ from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.signing import JOB_KEY_ENV, SECRET_FILE, driver_job_key, job_key
 from sparkpoint.supervisor import PREVIOUS_FAILURE_ENV, SUPERVISED_ENV
 from sparkpoint.testing import ListSource
-from sparkpoint.transport import ControlPlaneLostError, TransportError
+from sparkpoint.transport import ControlPlaneLostError, RedisUnreachableError, TransportError
 
 from ..support.redis_server import REDIS_URL
 
@@ -134,9 +134,13 @@ def test_a_lost_redis_is_recoverable_once_the_driver_registered_or_was_restarted
     monkeypatch.setenv(JOB_KEY_ENV, "00" * 32)
     monkeypatch.delenv(PREVIOUS_FAILURE_ENV, raising=False)
     link = ControlPlaneLink.connect(JobOptions(job_id="lost", redis_url=REDIS_URL))
-    gone = TransportError("Redis at redis://127.0.0.1:6390/0 unreachable after 20 attempt(s)")
+    gone = RedisUnreachableError(
+        "Redis at redis://127.0.0.1:6390/0 unreachable after 20 attempt(s)"
+    )
     link.raise_if_lost(gone, registered=False)
     link.raise_if_lost(ConfigurationError("no"), registered=True)
+    # A Redis that answers and refuses (read-only, out of memory): no restart mends that.
+    link.raise_if_lost(TransportError("Redis refused: READONLY"), registered=True)
     with pytest.raises(ControlPlaneLostError) as err:
         link.raise_if_lost(gone, registered=True)
     assert str(err.value).startswith("lost the control plane's Redis: Redis at redis://127")

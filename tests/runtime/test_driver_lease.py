@@ -24,6 +24,7 @@ from sparkpoint.runtime.driver_lease import (
     lease_key,
     lease_ttl_ms,
 )
+from sparkpoint.runtime.epoch_commands import EpochCommandReader
 from sparkpoint.runtime.heartbeats import DriverHeartbeats
 from sparkpoint.transport import (
     CommandChannel,
@@ -232,3 +233,28 @@ def test_a_fenced_off_driver_reads_no_command_and_sends_no_heartbeat(
     beats.start(lambda: 1, clock)
     beats.stop()
     assert client.xlen(streams.events) == 0
+
+
+class _OneEpoch:
+    """An epoch runner whose epoch ends at once (the Spark job ran; its reports are these)."""
+
+    def __init__(self) -> None:
+        self.ran = 0
+
+    def run(self, plan: object) -> list[str]:
+        self.ran += 1
+        return ["report"]
+
+
+def test_a_driver_taken_over_while_its_epoch_ran_does_not_accept_the_epoch(
+    client: redis.Redis, key: str, streams: Streams
+) -> None:
+    lease, _, _ = _taken_over(client, key)
+    fenced = CommandChannel(
+        client, "job-1", "driver-a", streams, fence=lambda: lease.check("job-1")
+    )
+    runner = _OneEpoch()
+    reading = EpochCommandReader(fenced, lambda _: True).around(runner)  # type: ignore[arg-type]
+    with pytest.raises(DriverSupersededError):
+        reading.run(None)  # type: ignore[arg-type]
+    assert runner.ran == 1  # its Spark job ended; the driver takes none of its reports

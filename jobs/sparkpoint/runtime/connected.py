@@ -186,9 +186,9 @@ class ControlPlaneAuthority(Authority):
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
         self._silence.reset()  # Spark's start is no silence
         self._spark_ready = True
-        if self.job.status is p.JobStatus.CREATED and self._end is None:
-            self.job.set_status(p.JobStatus.RUNNING)
         try:
+            if self.job.status is p.JobStatus.CREATED and self._end is None:
+                self.job.set_status(p.JobStatus.RUNNING)
             while True:
                 self._obey(self._reader.held() + channel.read())
                 # A decided restart waits its delay with no command: that is no silence.

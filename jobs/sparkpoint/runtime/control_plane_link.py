@@ -22,8 +22,8 @@ from sparkpoint.transport import (
     CommandChannel,
     ControlPlaneLostError,
     RedisEventSink,
+    RedisUnreachableError,
     Streams,
-    TransportError,
     redis_client,
 )
 
@@ -101,9 +101,11 @@ class ControlPlaneLink:
         """Raise :class:`ControlPlaneLostError` for ``err`` when it is Redis that stayed
         unreachable (past :data:`~sparkpoint.transport.RETRY_FOR_S`) once this driver had
         registered, or in a driver that ``sparkpoint run`` started again: its next driver
-        waits for Redis, as long as it takes. Unreachable at a run's first start, Redis
-        stays an error (exit 1): a wrong ``--redis-url`` is not retried for ever."""
-        if isinstance(err, TransportError) and (registered or self.previous_failure is not None):
+        waits for Redis in turn (each driver 30 s, then the next). Unreachable at a run's
+        first start, Redis stays an error (exit 1): a wrong ``--redis-url`` is not retried
+        for ever; so does a Redis that answers and refuses (read-only, out of memory, no
+        permission), which no restart mends."""
+        if isinstance(err, RedisUnreachableError) and (registered or self.previous_failure):
             raise ControlPlaneLostError(
                 f"lost the control plane's Redis: {err}; the next driver registers again "
                 "once it is back, and the job fails over to its latest checkpoint"

@@ -130,7 +130,9 @@ class DriverLease:
         self._release = client.register_script(_RELEASE)
         self._lock = threading.Lock()  # renewals (heartbeat thread) against the release
         self._released = False
-        self._held_at_ms: float | None = None  # when the last take or renewal that held was sent
+        # When the last take or renewal that held was sent: monotonic, and wall-clock time
+        # (the monotonic clock stands still while a host or VM is suspended).
+        self._held_at: tuple[float, int] | None = None
         self._lost: Holder | None = None  # the driver that took the lease over from this one
 
     def try_take(self, *, retry_for_s: float = 0) -> Holder | None:
@@ -139,7 +141,7 @@ class DriverLease:
         Raises:
             TransportError: Redis stayed unreachable for ``retry_for_s`` or refused the script.
         """
-        sent_at = self.clock.monotonic_ms()
+        sent_at = (self.clock.monotonic_ms(), self.clock.now_ms())
         answer = retrying(
             lambda: self._take(keys=[self.key], args=[self.value, self.run_id, self.ttl_ms]),
             f"take the lease {self.key}",
@@ -147,7 +149,7 @@ class DriverLease:
             retry_for_s=retry_for_s,
         )
         if not answer:
-            self._held_at_ms = sent_at  # it expires ttl_ms after Redis ran it: not sooner
+            self._held_at = sent_at  # it expires ttl_ms after Redis ran it: not sooner
             return None
         return Holder.parse(answer[0], answer[1])
 
@@ -226,9 +228,12 @@ class DriverLease:
             DriverSupersededError: another driver took the lease over; this one must stop
                 without touching the job (its commands, its events, its sinks).
         """
-        held_at, now = self._held_at_ms, self.clock.monotonic_ms()
-        if self._lost is None and held_at is not None and now - held_at >= self.ttl_ms * 2 / 3:
-            self.renew()
+        held_at, late_ms = self._held_at, self.ttl_ms * 2 / 3
+        if self._lost is None and held_at is not None:
+            mono, wall = held_at
+            now_mono, now_wall = self.clock.monotonic_ms(), self.clock.now_ms()
+            if now_mono - mono >= late_ms or now_wall - wall >= late_ms:
+                self.renew()
         if self._lost is not None:
             raise DriverSupersededError(
                 f"job {job_id} was taken over by another driver ({self._lost.describe()}): "

@@ -102,18 +102,20 @@ class EpochCommandReader:
         not and all after it, and stop reading."""
         try:
             while not self._stopping.is_set():
-                messages = self.channel.read(
-                    block_ms=READ_BLOCK_MS, client=self._connection, retry_for_s=0
-                )
+                try:
+                    messages = self.channel.read(
+                        block_ms=READ_BLOCK_MS, client=self._connection, retry_for_s=0
+                    )
+                except TransportError as err:  # read again at the epoch's end, where it counts
+                    log.warning("job %s: commands not read during the epoch: %s", self.job_id, err)
+                    return
                 for i, message in enumerate(messages):
                     if self._stopping.is_set() or not self._obey(message):
                         self._held = messages[i:]
                         return
                     self.channel.ack([message.entry_id])
                     self.obeyed += 1
-        except TransportError as err:  # read again at the epoch's end, where errors count
-            log.warning("job %s: commands not read during the epoch: %s", self.job_id, err)
-        except BaseException as err:  # handed to the driver's thread by held()
+        except BaseException as err:  # obeying failed (a commit, Redis): held() hands it on
             self._error = err
 
     def stop(self) -> None:
@@ -162,9 +164,12 @@ class _ReadingRunner:
     def run(self, plan: EpochPlan) -> list[TaskReport]:
         self.reader.start()
         try:
-            return self.runner.run(plan)
+            reports = self.runner.run(plan)
         finally:
             self.reader.stop()
+        if self.reader.channel.fence is not None:
+            self.reader.channel.fence()  # a driver another one took over from accepts nothing
+        return reports
 
     @property
     def executors(self) -> Any:
