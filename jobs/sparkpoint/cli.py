@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.run_lock import JobRunningError
 from sparkpoint.supervisor import (
     EXIT_DRIVER_LOST,
     EXIT_FAILED,
@@ -33,6 +34,9 @@ def _run(job: str, job_args: Sequence[str]) -> int:
         except ConfigurationError as err:
             print(f"sparkpoint run: invalid configuration: {err}", file=sys.stderr)
             return EXIT_INVALID_CONFIGURATION
+        except JobRunningError as err:
+            print(f"sparkpoint run: {err}", file=sys.stderr)
+            return EXIT_FAILED
     return _drive(job, job_args)
 
 

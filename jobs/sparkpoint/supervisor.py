@@ -72,6 +72,7 @@ from sparkpoint.errors import (
     error_text,
 )
 from sparkpoint.options import JobOptions, parse_job_options
+from sparkpoint.run_lock import hold_run_lock
 from sparkpoint.runtime.driver_lease import RUN_ID_ENV
 
 EXIT_FINISHED = 0
@@ -237,11 +238,16 @@ class _DriverProcess:
         except ProcessLookupError:
             pass
 
-    def run(self, cmd: list[str], env: dict[str, str]) -> int:
-        """Start a driver and wait for it; its exit code (negative: killed by that signal)."""
+    def run(self, cmd: list[str], env: dict[str, str], keep_fds: tuple[int, ...] = ()) -> int:
+        """Start a driver and wait for it; its exit code (negative: killed by that signal).
+        ``keep_fds``: descriptors the driver inherits (the run's lock)."""
         self._forwarded = False
         self._proc = subprocess.Popen(
-            cmd, env=env, start_new_session=True, preexec_fn=_terminate_with_parent
+            cmd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+            pass_fds=keep_fds,
         )
         self._forward()  # a signal that came while it started
         try:
@@ -318,6 +324,8 @@ def supervise(
         args = ["--job-id", job_id, *args]
     options = parse_job_options(args)[0]
     check_supervised(options)
+    # One standalone run of the job at a time (run_lock.py); its drivers hold the lock too.
+    lock = (hold_run_lock(options.local_dir, job_id),) if options.standalone else ()
     strategy = job_restart_strategy(options)
     before = max(checkpoint_ids(options, job_id), default=0) if options.standalone else 0
     fd, termination_log = tempfile.mkstemp(prefix=f"sparkpoint-{job_id}-", suffix=".cause")
@@ -341,7 +349,7 @@ def supervise(
             while True:
                 # Step 2
                 cmd = [sys.executable, "-m", "sparkpoint.cli", "run", job, *driver_args]
-                rc = driver.run(cmd, env) if not driver.signals else EXIT_FAILED
+                rc = driver.run(cmd, env, lock) if not driver.signals else EXIT_FAILED
                 # Step 3
                 if driver.signals:
                     return rc if rc in DRIVER_EXITS else exit_canceled(driver.signals[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,9 +19,9 @@ import pytest
 
 from sparkpoint.testing import line_counts
 
-from ..runtime.pv_harness import EVENTS, expected_every_lines
+from ..runtime.pv_harness import APPS, EVENTS, expected_every_lines
 from ..support.waiting import wait_for
-from .control_plane import ServerProcess, completed_checkpoints
+from .control_plane import ROOT, ServerProcess, completed_checkpoints
 from .test_origin_failover import _finished, _pv
 
 pytestmark = pytest.mark.spark
@@ -108,7 +109,6 @@ def test_a_paused_driver_that_another_took_over_from_stops_when_it_wakes(
             said, _ = first.communicate(timeout=60)
             assert first.returncode == 1, said[-4000:]
             assert "sparkpoint run: job paused was taken over by another driver (pid " in said
-            assert second.poll() is None, "the second driver ended before the first woke"
             output = _finished(second)
             job = api.get("/jobs/paused").json()
             assert job["state"] == "FINISHED", job
@@ -118,3 +118,62 @@ def test_a_paused_driver_that_another_took_over_from_stops_when_it_wakes(
                 process.kill()
     assert "taken over" not in output
     assert line_counts(str(tmp_path / "out")) == expected_every_lines(3 * EVENTS)
+
+
+def test_a_second_standalone_run_of_a_job_is_refused_and_the_first_runs_on(
+    tmp_path: Path,
+) -> None:
+    """Two ``sparkpoint run --standalone --job-id J`` with one checkpoint directory used to
+    write each other's checkpoints and output: both failed, with wrong counts and duplicate
+    lines committed. The second is refused at once by the first's run lock."""
+
+    def run() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("sparkpoint")),
+                "run",
+                "jobs/examples/pv_count.py",
+                "--standalone",
+                "--job-id",
+                "alone",
+                "--checkpoint-interval",
+                "0.5",
+                "--checkpoint-dir",
+                f"file://{tmp_path / 'chk'}",
+                "--local-dir",
+                str(tmp_path / "local"),
+                "--epoch-target-ms",
+                "250",
+                "--",
+                "--events",
+                str(2 * EVENTS),
+                "--apps",
+                str(APPS),
+                "--rate",
+                "1500",
+                "--output",
+                str(tmp_path / "out"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    first = run()
+    try:
+        wait_for(
+            "a completed checkpoint",
+            lambda: list((tmp_path / "chk" / "alone").glob("chk-*/_metadata")),
+        )
+        second = run()
+        said, _ = second.communicate(timeout=120)
+        assert second.returncode == 1, said
+        assert "sparkpoint run: job alone is running standalone in another process (pid " in said
+        assert first.poll() is None, "the first run ended before the second was refused"
+        output = _finished(first)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert "RESTARTING" not in output
+    assert line_counts(str(tmp_path / "out")) == expected_every_lines(2 * EVENTS)

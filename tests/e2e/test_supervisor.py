@@ -61,7 +61,9 @@ def _start(
     job.write_text(DRIVER)
     (tmp_path / "runs").touch()
     mode = ["--standalone"] if standalone else []
-    args = [*mode, *options, "--job-id", "fake", "--state", str(tmp_path)]
+    # Its own --local-dir: a run's lock (run_lock.py) outlives a killed supervisor's driver.
+    local = ["--local-dir", str(tmp_path / "local")]
+    args = [*mode, *options, "--job-id", "fake", *local, "--state", str(tmp_path)]
     return subprocess.Popen(
         [sys.executable, "-m", "sparkpoint.cli", "run", str(job), *args],
         cwd=ROOT,
