@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import suppress
-from typing import Any
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
@@ -31,6 +30,7 @@ from sparkpoint.errors import (
 from sparkpoint.job_graph import Region
 from sparkpoint.runtime.authority import Authority, JobFailedError, registration
 from sparkpoint.runtime.commanded import CommandedCheckpoints, QueuedBarrier
+from sparkpoint.runtime.connected_console import Waiting, settings_text
 from sparkpoint.runtime.control_plane_link import ControlPlaneLink
 from sparkpoint.runtime.driver_lease import DriverSupersededError
 from sparkpoint.runtime.epoch_commands import EpochCommandReader
@@ -46,40 +46,12 @@ from sparkpoint.runtime.recovery import (
 )
 from sparkpoint.runtime.silence import Silence
 from sparkpoint.runtime.spark import SparkLostError
-from sparkpoint.transport import ReceivedMessage, TransportError
+from sparkpoint.transport import ReceivedMessage, RedisUnreachableError, TransportError
 
 #: How long one wait for commands blocks (back-pressure, a decision, the final checkpoint).
 WAIT_MS = 100
 #: How long one read blocks while the driver waits for its first ``restore``.
 FIRST_ANSWER_POLL_MS = 1000
-
-
-#: While a connected job waits for the control plane's first answer, it says so this often.
-WAITING_EVERY_MS = 5_000
-
-
-class _Waiting:
-    """Tells the user, at once and then every :data:`WAITING_EVERY_MS`, that the job waits
-    for its control plane (and on which stream), until the first answer came."""
-
-    def __init__(self, job: JobExecution, stream: str, timeout_ms: int) -> None:
-        self.job, self.stream, self.timeout_ms = job, stream, timeout_ms
-        self.started = job.clock.monotonic_ms()
-        self.next_at = self.started
-
-    def say(self) -> None:
-        now = self.job.clock.monotonic_ms()
-        if self.job.console is None or now < self.next_at:
-            return
-        self.next_at = now + WAITING_EVERY_MS
-        waited = (now - self.started) / 1000
-        hint = "" if waited < 1 else "; is `sparkpoint server` running on this Redis?"
-        self.job.console.line(
-            "waiting_for_control_plane",
-            f"waiting for the control plane's answer on {self.stream} ({waited:.0f} s of "
-            f"{self.timeout_ms / 1000:g} s{hint})",
-            level="info" if waited < 1 else "warning",
-        )
 
 
 class ControlPlaneTimeoutError(SparkpointError):
@@ -157,7 +129,7 @@ class ControlPlaneAuthority(Authority):
                 link.heartbeats.start(lambda: job.attempt, job.clock)
             # Step 3
             deadline = job.clock.monotonic_ms() + self.timeout_ms
-            waiting = _Waiting(job, channel.stream, self.timeout_ms)
+            waiting = Waiting(job, channel.stream, self.timeout_ms)
             while not self._started and not self._cancel_if_requested():
                 waiting.say()
                 left = deadline - job.clock.monotonic_ms()
@@ -341,7 +313,7 @@ class ControlPlaneAuthority(Authority):
                 # that the settings it started with no longer hold.
                 job.console.line(
                     "configuration_changed",
-                    f"the control plane's checkpoint settings: {_settings(command.changes)}",
+                    f"the control plane's checkpoint settings: {settings_text(command.changes)}",
                     changes=dict(command.changes),
                 )
         elif not self._started:
@@ -374,6 +346,8 @@ class ControlPlaneAuthority(Authority):
             os.kill(os.getpid(), signal.SIGKILL)  # testing hook: a driver crash, for real
         try:
             job.commit(checkpoint_id, completion.acks)
+        except RedisUnreachableError:
+            raise  # the link is lost, not the sink: the next driver restores and commits it
         except Exception as err:  # a sink's error of any kind: the control plane decides
             self._fail(job.epoch, f"committing checkpoint {checkpoint_id} failed: {err}")
             return
@@ -486,14 +460,3 @@ class ControlPlaneAuthority(Authority):
             point, job.graph, allow_non_restored_state=job.options.allow_non_restored_state
         )
         return point, storage
-
-
-def _settings(changes: dict[str, Any]) -> str:
-    """``interval_ms=600000, retained=3`` as ``interval 600 s, retained 3``."""
-    said = []
-    for name, value in sorted(changes.items()):
-        if name.endswith("_ms") and isinstance(value, (int, float)):
-            said.append(f"{name[:-3].replace('_', ' ')} {value / 1000:g} s")
-        else:
-            said.append(f"{name.replace('_', ' ')} {value}")
-    return ", ".join(said)
