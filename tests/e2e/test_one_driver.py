@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,9 +18,9 @@ import pytest
 
 from sparkpoint.testing import line_counts
 
-from ..runtime.pv_harness import APPS, EVENTS, expected_every_lines
+from ..runtime.pv_harness import EVENTS, expected_every_lines
 from ..support.waiting import wait_for
-from .control_plane import ROOT, ServerProcess, completed_checkpoints
+from .control_plane import ServerProcess, completed_checkpoints
 from .test_origin_failover import _finished, _pv
 
 pytestmark = pytest.mark.spark
@@ -127,39 +126,10 @@ def test_a_second_standalone_run_of_a_job_is_refused_and_the_first_runs_on(
     write each other's checkpoints and output: both failed, with wrong counts and duplicate
     lines committed. The second is refused at once by the first's run lock."""
 
-    def run() -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("sparkpoint")),
-                "run",
-                "jobs/examples/pv_count.py",
-                "--standalone",
-                "--job-id",
-                "alone",
-                "--checkpoint-interval",
-                "0.5",
-                "--checkpoint-dir",
-                f"file://{tmp_path / 'chk'}",
-                "--local-dir",
-                str(tmp_path / "local"),
-                "--epoch-target-ms",
-                "250",
-                "--",
-                "--events",
-                str(2 * EVENTS),
-                "--apps",
-                str(APPS),
-                "--rate",
-                "1500",
-                "--output",
-                str(tmp_path / "out"),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    def run() -> subprocess.Popen[str]:  # one --local-dir for both: the lock is there
+        return _pv(None, tmp_path, "alone", *args, events=2 * EVENTS)
 
+    args = ("--job-id", "alone", "--checkpoint-interval", "0.5")
     first = run()
     try:
         wait_for(

