@@ -23,6 +23,7 @@ import socket
 import time
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.runtime.driver_lease import describe_process
 
 
 class JobRunningError(SparkpointError):
@@ -58,8 +59,8 @@ def hold_run_lock(local_dir: str, job_id: str) -> int:
             "checkpoints and output. Wait for it to end or stop it (Ctrl-C, kill -TERM), or "
             "run this one with another --job-id"
         ) from None
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    holder = describe_process(os.getpid(), socket.gethostname(), int(time.time() * 1000))
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {since}\n".encode(), 0)
+    os.pwrite(fd, f"{holder}\n".encode(), 0)
     os.set_inheritable(fd, True)
     return fd

@@ -395,8 +395,7 @@ class CommandChannel:
         """
 
         def read_group() -> Any:
-            if self.fence is not None:
-                self.fence()  # on every attempt: a driver paused in its retries reads nothing
+            self.check_fence()  # on every attempt: a driver paused in its retries reads nothing
             try:
                 return (client or self.client).xreadgroup(
                     COMMANDS_GROUP,
@@ -412,8 +411,8 @@ class CommandChannel:
 
         what = f"read commands of job {self.job_id} from {self.stream}"
         response = retrying(read_group, what, self.client, retry_for_s=retry_for_s)
-        if response and self.fence is not None:
-            self.fence()  # paused during the read: what it took stays unacknowledged
+        if response:
+            self.check_fence()  # paused during the read: what it took stays unacknowledged
         if response is None:
             self._reopen_deleted()
             return []
@@ -440,6 +439,11 @@ class CommandChannel:
             self.ack(bad)
             self.malformed += len(bad)
         return received
+
+    def check_fence(self) -> None:
+        """Raise when this reader may no longer take the job's commands (``fence``)."""
+        if self.fence is not None:
+            self.fence()
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge commands that were obeyed, and remove them from the stream.

@@ -145,8 +145,7 @@ class ControlPlaneAuthority(Authority):
             if self._end is not None and not self._started:
                 self._finish()  # refused (FAILED: raises, before Spark starts) or cancelled
         except SparkpointError as err:
-            self._report_failed(err)
-            self.link.raise_if_lost(err, self._registered)
+            self._failed(err)
             raise
 
     def run(self, runner: EpochRunner) -> None:
@@ -186,8 +185,7 @@ class ControlPlaneAuthority(Authority):
         except (JobFailedError, SparkLostError):
             raise  # lost Spark: the supervisor's next driver reports it (or the heartbeats stop)
         except SparkpointError as err:
-            self._report_failed(err)
-            self.link.raise_if_lost(err, self._registered)
+            self._failed(err)
             raise
 
     def close(self) -> None:
@@ -221,11 +219,14 @@ class ControlPlaneAuthority(Authority):
             raise JobFailedError(f"job {self.job.job_id} failed: {cause or 'canceled as FAILED'}")
         self.job.set_status(status, cause)
 
-    def _report_failed(self, err: SparkpointError) -> None:
+    def _failed(self, err: SparkpointError) -> None:
         """Tell the control plane that a registered job failed (if Redis still listens); not
         a driver another one took over from (the job is that one's), nor a lost Redis (told
-        once Redis is back, it would fail the job for good: the next driver registers)."""
+        once Redis is back, it would fail the job for good): that one raises
+        :class:`~sparkpoint.transport.ControlPlaneLostError` instead, and the next driver
+        registers."""
         if isinstance(err, (DriverSupersededError, TransportError)):
+            self.link.raise_if_lost(err, self._registered)
             return
         if self._registered and self.job.status is not p.JobStatus.FAILED:
             with suppress(SparkpointError):

@@ -88,6 +88,12 @@ def lease_key(prefix: str, job_id: str) -> str:
     return f"{prefix}:driver:{job_id}"
 
 
+def describe_process(pid: object, host: str, since_ms: int) -> str:
+    """``pid 4242 on host-a, since 2026-12-06 11:01:51 UTC``: who holds a driver's lock."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since_ms / 1000))
+    return f"pid {pid} on {host}, since {started}"
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a job's lease, from its value ``<run> <host> <pid> <since ms>``."""
@@ -105,8 +111,7 @@ class Holder:
         return cls(run, host, pid, int(since) if since.isdigit() else 0, int(left_ms))
 
     def describe(self) -> str:
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since_ms / 1000))
-        return f"pid {self.pid} on {self.host}, since {started}"
+        return describe_process(self.pid, self.host, self.since_ms)
 
 
 class DriverLease:

@@ -167,8 +167,7 @@ class _ReadingRunner:
             reports = self.runner.run(plan)
         finally:
             self.reader.stop()
-        if self.reader.channel.fence is not None:
-            self.reader.channel.fence()  # a driver another one took over from accepts nothing
+        self.reader.channel.check_fence()  # a driver another took over from accepts nothing
         return reports
 
     @property
