@@ -247,7 +247,9 @@ def test_a_checkpoint_another_job_started_from_is_kept_for_its_failover(
     """The owner retains one checkpoint; the other job starts from it into its own output,
     the owner goes on past it, the other job's driver dies before a checkpoint of its own:
     its failover restores the owner's checkpoint by its path, which the owner kept for it."""
-    events = 4 * EVENTS  # 32 s of input: the owner still runs when the other job fails over
+    # 48 s of input: the owner still runs when the other job fails over, also on a loaded
+    # machine where the other job's Spark takes half a minute to start (32 s was too short).
+    events = 6 * EVENTS
     owner = _pv(
         server, tmp_path, "owner", "--checkpoint-interval", "0.5", "--retained", "1", events=events
     )
