@@ -9,6 +9,7 @@ plane sends those commands with :func:`send_command`. Every stream entry carries
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,22 @@ FIELD = b"m"
 RETRY_FOR_S = 30.0  # how long a write keeps retrying while Redis is unreachable
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# Refusals that pass without anyone changing the request: Redis cannot write its disk
+# (MISCONF: the disk is full, its persistence failed), a replica answers during a failover
+# (READONLY, MASTERDOWN, NOREPLICAS), Redis is at its memory limit (OOM), a cluster moves
+# slots (TRYAGAIN, CLUSTERDOWN). redis-py raises a class of its own for some (and drops the
+# code from the message); the others keep their code first, after a pipeline's "caused
+# error: ", or after a script's ": -".
+_PASSING_REFUSAL_TYPES = (
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
+_PASSING_REFUSAL = re.compile(
+    r"(?:^|caused error: |: -)(MISCONF|READONLY|MASTERDOWN|NOREPLICAS|OOM|TRYAGAIN|CLUSTERDOWN) "
+)
 _COMMAND_TYPES = frozenset(
     cls.model_fields["type"].default for cls in protocol.CommandPayload.__args__
 )
@@ -50,7 +67,17 @@ class TransportError(SparkpointError):
 
 
 class RedisUnreachableError(TransportError):
-    """Redis stayed unreachable (no connection, or none that answered) for the retry window."""
+    """Redis stayed unavailable for the retry window: unreachable (no connection, or none that
+    answered), or refusing with a refusal that passes (a full disk, a failover; see
+    :func:`passing_refusal`)."""
+
+
+def passing_refusal(err: redis.RedisError) -> bool:
+    """Whether Redis refused for a reason that passes by itself (its disk full, a failover, its
+    memory limit), not because of the request (a wrong password, a missing permission)."""
+    if isinstance(err, _PASSING_REFUSAL_TYPES):
+        return True
+    return isinstance(err, redis.ResponseError) and bool(_PASSING_REFUSAL.search(str(err)))
 
 
 class ControlPlaneLostError(SparkpointError):
@@ -101,7 +128,8 @@ def retrying(
     clock: Clock | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> _T:
-    """Run ``action``, retrying with capped exponential backoff while Redis is unreachable.
+    """Run ``action``, retrying with capped exponential backoff while Redis is unreachable or
+    refuses for a reason that passes (:func:`passing_refusal`).
 
     Args:
         action: The Redis call(s); run again after a connection error.
@@ -112,7 +140,9 @@ def retrying(
         sleep: How to wait between attempts.
 
     Raises:
-        TransportError: Redis stayed unreachable for ``retry_for_s`` or refused the command.
+        RedisUnreachableError: Redis stayed unreachable, or kept refusing for a reason that
+            passes, for ``retry_for_s``.
+        TransportError: Redis refused the command for any other reason.
     """
     clock = clock or SystemClock()
     deadline = clock.monotonic_ms() + retry_for_s * 1000
@@ -122,20 +152,24 @@ def retrying(
         attempts += 1
         try:
             return action()
-        except _CONNECTION_ERRORS as err:
+        except redis.RedisError as err:
+            unreachable = isinstance(err, _CONNECTION_ERRORS)
+            if not unreachable and not passing_refusal(err):
+                raise TransportError(
+                    f"could not {what}: Redis at {client_url(client)} refused: {err}"
+                ) from err
+            state = "unreachable" if unreachable else "refusing"
             left_s = (deadline - clock.monotonic_ms()) / 1000
             if left_s <= 0:
                 raise RedisUnreachableError(
-                    f"could not {what}: Redis at {client_url(client)} unreachable "
+                    f"could not {what}: Redis at {client_url(client)} {state} "
                     f"after {attempts} attempt(s) over {retry_for_s:g} s: {err}"
                 ) from err
-            log.warning("could not %s (Redis at %s): %s; retrying", what, client_url(client), err)
+            log.warning(
+                "could not %s (Redis at %s %s): %s; retrying", what, client_url(client), state, err
+            )
             sleep(min(delay, left_s))
             delay = min(delay * 2, 2.0)
-        except redis.RedisError as err:
-            raise TransportError(
-                f"could not {what}: Redis at {client_url(client)} refused: {err}"
-            ) from err
 
 
 # ----------------------------------------------------------------------------- reading

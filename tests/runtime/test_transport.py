@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis._parsers.base import BaseParser as _RespParser
 
 from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
@@ -16,13 +18,17 @@ from sparkpoint.transport import (
     FIELD,
     CommandChannel,
     RedisEventSink,
+    RedisUnreachableError,
     Streams,
     TransportError,
     default_redis_url,
+    passing_refusal,
     redis_client,
     send_command,
     send_commands,
 )
+
+from ..support.own_redis import OwnRedis
 
 
 def _heartbeat(epoch: int, job_id: str = "job-1", attempt: int = 1) -> p.Envelope:
@@ -196,3 +202,84 @@ def test_default_redis_url_prefers_the_environment_then_the_url_file(
 
     monkeypatch.setenv("REDIS_URL", "redis://redis.example:6380/2")
     assert default_redis_url(str(arg_dir)) == "redis://redis.example:6380/2"
+
+
+@pytest.fixture
+def refusing_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A Redis of the test's own that refuses writes with ``MISCONF`` (a failing disk)."""
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    server.refuse_writes()
+    yield server
+    server.kill()
+
+
+def test_a_publish_waits_out_redis_refusing_writes_while_its_disk_fails(
+    refusing_redis: OwnRedis, streams: Streams
+) -> None:
+    clock = ManualClock()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the disk is freed during the third wait
+        waits.append(seconds)
+        clock.advance(seconds * 1000)
+        if len(waits) == 3:
+            refusing_redis.accept_writes()
+
+    with refusing_redis.client() as client:
+        RedisEventSink(client, streams, clock=clock, sleep=sleep).publish([_heartbeat(1)])
+        assert client.xlen(streams.events) == 1
+    assert waits == pytest.approx([0.1, 0.2, 0.4])
+
+
+def test_a_refusal_that_outlasts_the_retries_ends_as_redis_unavailable(
+    refusing_redis: OwnRedis, streams: Streams
+) -> None:
+    clock = ManualClock()
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds * 1000)
+
+    with refusing_redis.client() as client:
+        sink = RedisEventSink(client, streams, clock=clock, sleep=sleep)
+        with pytest.raises(RedisUnreachableError) as caught:
+            sink.publish([_heartbeat(1)])
+    assert f"Redis at {refusing_redis.url} refusing after " in str(caught.value)
+    assert "over 30 s: " in str(caught.value)
+    assert "MISCONF" in str(caught.value)
+
+
+def test_a_refusal_of_the_request_itself_is_not_retried(
+    client: redis.Redis, streams: Streams
+) -> None:
+    client.set(streams.events, "not a stream")  # XADD to it: WRONGTYPE, whenever retried
+    waits: list[float] = []
+    sink = RedisEventSink(client, streams, sleep=waits.append)
+
+    with pytest.raises(TransportError, match=r"refused: .* WRONGTYPE") as caught:
+        sink.publish([_heartbeat(1)])
+
+    assert not isinstance(caught.value, RedisUnreachableError)
+    assert waits == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "passes"),
+    [
+        ("MISCONF Errors writing to the AOF file: No space left on device", True),
+        ("READONLY You can't write against a read only replica.", True),
+        ("OOM command not allowed when used memory > 'maxmemory'.", True),
+        ("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", True),
+        ("NOREPLICAS Not enough good replicas to write.", True),
+        ("ERR Error running script (call to f_1): @user_script:2: -MISCONF Redis is ...", True),
+        ("NOPERM this user has no permissions to run the 'xadd' command", False),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", False),
+        ("ERR unknown command 'XAUTOCLAIM'", False),
+        ("ERR invalid stream ID for job OOM in XADD", False),
+    ],
+)
+def test_which_refusals_pass_by_themselves(reply: str, passes: bool) -> None:
+    err = _RespParser.parse_error(reply)  # as redis-py raises it: some codes become classes
+    assert passing_refusal(err) is passes
+    wrapped = type(err)(f"Command # 1 (XADD s * m x) of pipeline caused error: {err}")
+    assert passing_refusal(wrapped) is passes

@@ -9,7 +9,6 @@ Spark executors, so :func:`s3_configured` sets it for the length of a test.
 from __future__ import annotations
 
 import logging
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,8 @@ import fsspec
 import fsspec.config
 import pytest
 from moto.server import ThreadedMotoServer
+
+from .ports import free_port
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,10 @@ class S3Bucket:
         return fsspec.filesystem("s3", use_listings_cache=False, **self.options)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def moto_server() -> Iterator[str]:
     """A moto S3 server on a free port of 127.0.0.1; yields its endpoint URL."""
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
