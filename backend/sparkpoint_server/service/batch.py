@@ -14,7 +14,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from sparkpoint import protocol as p
+from sparkpoint.signing import Signer
+from sparkpoint.transport import Streams, TransportError, send_commands
 from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.storage_io import Location
@@ -86,3 +90,24 @@ def _run_all(actions: list[Callable[[], None]], timeout_s: float) -> None:
             storage_io.call("disposing checkpoint state", timeout_s, action)
         except StorageUnavailableError:  # a deletion that fails leaves garbage, never wrong state
             log.exception("disposing checkpoint state failed")
+
+
+def send_committed(
+    client: redis.Redis,
+    streams: Streams,
+    commands: list[p.Envelope],
+    signer: Signer,
+    *,
+    retry_for_s: float,
+) -> None:
+    """Send the commands of a unit that committed, waiting up to ``retry_for_s`` for Redis.
+
+    Redis away or refusing loses no decision: they are stored. A job that misses a command
+    times out its checkpoint or is restarted, and completions are notified again at the next
+    start (and a later completion subsumes an earlier one's notification, as in Flink).
+    """
+    try:
+        send_commands(client, streams, commands, signer=signer, retry_for_s=retry_for_s)
+    except TransportError as err:
+        kinds = ", ".join(sorted({c.type for c in commands}))
+        log.warning("%d command(s) not sent (%s): %s", len(commands), kinds, err)

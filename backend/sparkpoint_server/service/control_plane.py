@@ -37,7 +37,7 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
-from sparkpoint.transport import ReceivedMessage, Streams, send_commands
+from sparkpoint.transport import RETRY_FOR_S, ReceivedMessage, Streams
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
@@ -46,7 +46,7 @@ from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service import requests as r
-from sparkpoint_server.service.batch import Batch, Disposer
+from sparkpoint_server.service.batch import Batch, Disposer, send_committed
 from sparkpoint_server.service.events import EventApplier, RejectedEventError, UnknownJobError
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
 from sparkpoint_server.service.registration import read_restore_points, start_paths
@@ -77,6 +77,7 @@ class ControlPlane:
         self.streams = streams or Streams()
         self.clock = clock or SystemClock()
         self.stats = stats
+        self.command_retry_s = RETRY_FOR_S  # how long a command waits for Redis to take it
         self.jobs: dict[str, JobRuntime] = {}
         # Since when the ingest reads events (None: it cannot): no heartbeat can arrive while
         # it cannot, so no driver is declared lost then, and each gets a full timeout after.
@@ -142,10 +143,12 @@ class ControlPlane:
                 self._reload(batch.touched)
                 raise
             session.close()
-            self._send(batch.commands)
-            self.disposer.submit(batch.after_commit)
-            for rt, cid in batch.completions:
-                self._write_completion(rt, cid)
+            try:
+                self._send(batch.commands)
+            finally:  # what was committed is carried out, whatever became of the commands
+                self.disposer.submit(batch.after_commit)
+                for rt, cid in batch.completions:
+                    self._write_completion(rt, cid)
 
     @contextmanager
     def starting_from(self, paths: Iterable[str]) -> Iterator[None]:
@@ -207,14 +210,10 @@ class ControlPlane:
             log.exception("finishing completed checkpoints failed")
 
     def _send(self, commands: list[p.Envelope]) -> None:
-        if not commands or self.client is None:
-            return
-        try:
-            send_commands(self.client, self.streams, commands, signer=self.signer)
-        except redis.RedisError:
-            # The decisions are stored; a job that misses a command times out its checkpoint
-            # or is restarted, and completions are sent again at the next start.
-            log.exception("sending %d command(s) failed", len(commands))
+        if commands and self.client is not None:
+            send_committed(
+                self.client, self.streams, commands, self.signer, retry_for_s=self.command_retry_s
+            )
 
     def _reload(self, job_ids: set[str]) -> None:
         with self.sessions() as session:

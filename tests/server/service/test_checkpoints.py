@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 from service_harness import Harness
 from sqlalchemy import select
 
 from sparkpoint import protocol as p
+from sparkpoint.transport import redis_client
 from sparkpoint_server.storage import checkpoint_stats
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
 
@@ -294,3 +296,30 @@ def test_an_acknowledgement_carrying_the_barrier_events_fills_the_rows_they_fill
         }
     assert rows[True] == rows[False]
     assert rows[True][("pv", 1)] == (at + 15, 2.0, 10, 14)
+
+
+def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
+    harness: Harness,
+) -> None:
+    harness.start(retained=1)
+    first = harness.trigger_periodic()
+    harness.ack_all(1, first)
+    second = harness.trigger_periodic()
+    harness.commands()
+    with socket.socket() as sock:  # a port nothing listens on: Redis away
+        sock.bind(("127.0.0.1", 0))
+        harness.plane.client = redis_client(f"redis://127.0.0.1:{sock.getsockname()[1]}/0")
+    harness.plane.command_retry_s = 0
+
+    harness.ack_all(1, second)  # completes, subsumes the first; its notification cannot go
+
+    row = _row(harness, second)
+    assert row.status == "COMPLETED" and row.external_path is not None
+    assert os.path.exists(os.path.join(row.external_path.removeprefix("file://"), "_metadata"))
+    assert not os.path.exists(os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{first}"))
+    harness.plane.client = harness.client  # Redis is back: checkpointing goes on
+    third = harness.trigger_periodic()
+    harness.ack_all(1, third)
+    assert third == second + 1 and _row(harness, third).status == "COMPLETED"
+    [(_, notified)] = harness.commands()
+    assert isinstance(notified, p.NotifyCheckpointComplete) and notified.checkpoint_id == third
