@@ -7,9 +7,10 @@ garbage collection or a suspended VM would, longer than its heartbeat timeout at
 driver's Spark JVM and the Python workers under it, the control plane (``sparkpoint server``:
 killed, or paused with its engine), its engine (the child that coordinates, unless the server
 runs in one process) and its embedded Redis; on the checkpoint
-storage (a small tmpfs that can be filled to ``ENOSPC``) and on the control plane's SQLite
-database (held under an exclusive lock). A fault that finds nothing to act on (no Python
-worker alive at that instant) says so and is counted as skipped, never as run.
+storage (a small tmpfs that can be filled to ``ENOSPC``), on the control plane's data
+directory (a tmpfs too: its SQLite database and its Redis' append-only file on a full disk)
+and on its SQLite database (held under an exclusive lock). A fault that finds nothing to act
+on (no Python worker alive at that instant) says so and is counted as skipped, never as run.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ KINDS = (
     "engine",
     "redis",
     "storage-full",
+    "control-plane-disk-full",
     "database-locked",
 )
 #: Faults that end the driver: the next fault comes soon, to hit start-up, warm-up, restore.
@@ -112,6 +114,7 @@ class ChaosTargets:
     redis_pid_file: Path
     database: Path
     storage: Path | None  # a tmpfs mount of its own, or None when mounting is not possible
+    server_disk: Path | None  # the control plane's data directory, a tmpfs mount, or None
     rng: random.Random
 
     # ------------------------------------------------------------------ the job's processes
@@ -233,29 +236,23 @@ class ChaosTargets:
     def _storage_full(self) -> FaultResult:
         if self.storage is None:
             return FaultResult("storage-full", False, "checkpoint storage is not a tmpfs here")
-        ballast = self.storage / ".chaos-ballast"
-        written = 0
-        chunk = b"\0" * (1 << 20)
-        try:
-            with open(ballast, "wb") as fh:
-                while True:
-                    try:
-                        fh.write(chunk)
-                        fh.flush()
-                        written += len(chunk)
-                    except OSError as err:
-                        if err.errno != errno.ENOSPC:
-                            raise
-                        break
-        except OSError as err:
-            if err.errno != errno.ENOSPC:
-                raise
         held = self.rng.uniform(4.0, 8.0)
-        time.sleep(held)
-        ballast.unlink()
+        written = _fill_for(self.storage, held)
         return FaultResult(
             "storage-full", True, f"checkpoint storage full ({written >> 20} MiB) for {held:.1f} s"
         )
+
+    def _control_plane_disk_full(self) -> FaultResult:
+        """The control plane's disk full: its database cannot commit and its Redis refuses
+        every write (MISCONF: its append-only file cannot grow), drivers' events included."""
+        if self.server_disk is None:
+            return FaultResult(
+                "control-plane-disk-full", False, "the data directory is not a tmpfs here"
+            )
+        held = self.rng.uniform(4.0, 10.0)
+        written = _fill_for(self.server_disk, held)
+        detail = f"data directory full ({written >> 20} MiB) for {held:.1f} s"
+        return FaultResult("control-plane-disk-full", True, detail)
 
     def _database_locked(self) -> FaultResult:
         conn = sqlite3.connect(self.database, timeout=30, isolation_level=None)
@@ -266,6 +263,31 @@ class ChaosTargets:
         finally:
             conn.close()
         return FaultResult("database-locked", True, f"{self.database.name} locked for 10 s")
+
+
+def _fill_for(directory: Path, seconds: float) -> int:
+    """Fill ``directory``'s file system to ``ENOSPC``, hold it full ``seconds``, free it; the
+    bytes written."""
+    ballast = directory / ".chaos-ballast"
+    written = 0
+    chunk = b"\0" * (1 << 20)
+    try:
+        with open(ballast, "wb") as fh:
+            while True:
+                try:
+                    fh.write(chunk)
+                    fh.flush()
+                    written += len(chunk)
+                except OSError as err:
+                    if err.errno != errno.ENOSPC:
+                        raise
+                    break
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+    time.sleep(seconds)
+    ballast.unlink()
+    return written
 
 
 def mount_tmpfs(path: Path, size_mb: int) -> bool:

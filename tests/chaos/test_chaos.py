@@ -7,8 +7,9 @@ a Python worker, the driver's JVM or the driver process killed, the driver pause
 for 2-12 s, longer at times than its lease (3 s) and its heartbeat timeout (6 s: heartbeats
 every second), the control plane killed and restarted, or paused with its engine for 2-10 s,
 its engine alone killed (the server starts it again, or stops when it died too often and is
-restarted), the embedded Redis killed, the checkpoint storage full then freed, the database
-locked for 10 s. It runs with the server as it starts by default (the API and
+restarted), the embedded Redis killed, the checkpoint storage full then freed, the control
+plane's disk full then freed (its database and its Redis refuse writes), the database locked
+for 10 s. It runs with the server as it starts by default (the API and
 its engine, two processes) and, with ``make chaos``, also in one process
 (``SPARKPOINT_API_PROCESS=false``, where the engine fault finds no engine and is skipped).
 When the faults stop the job must finish by itself, and then:
@@ -89,6 +90,7 @@ class ChaosRun:
     server: EmbeddedServer
     job_id: str = field(default_factory=lambda: f"chaos{uuid.uuid4().hex[:12]}")
     storage_mounted: bool = False
+    server_disk_mounted: bool = False
     mode: str = "two-processes"  # as SPARKPOINT_CHAOS_MODES names it
     faults: list[tuple[float, FaultResult]] = field(default_factory=list)
 
@@ -156,13 +158,19 @@ def chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChaosRun]:
     server = EmbeddedServer(data, api_process=request.param == "two-processes")
     run = ChaosRun(tmp_path, server, mode=request.param)
     run.storage_mounted = mount_tmpfs(run.checkpoints, size_mb=64)
+    # The database and the Redis' append-only file of a 300 s run stay below 60 MB.
+    run.server_disk_mounted = mount_tmpfs(data, size_mb=256)
     run.server.start()
     try:
         yield run
     finally:
         run.server.stop()
-        if run.storage_mounted:
-            unmount(run.checkpoints)
+        for mounted, path in [
+            (run.storage_mounted, run.checkpoints),
+            (run.server_disk_mounted, data),
+        ]:
+            if mounted:
+                unmount(path)
 
 
 def _expected_output(events: int) -> Counter[str]:
@@ -223,10 +231,10 @@ def _write_report(run: ChaosRun, summary: dict[str, Any]) -> None:
 def test_a_connected_job_under_faults_loses_nothing_and_leaves_nothing(chaos: ChaosRun) -> None:
     run = chaos
     # Input for the fault window and some more: the job is still reading when faults stop,
-    # also when the first round of every kind runs past the window (up to ~110 s: ten gaps
-    # of at most 7 s, the database locked for 10 s, the storage full for up to 8 s, pauses of
-    # up to 12 and 10 s).
-    events = int(RATE * (SECONDS + 75))
+    # also when the first round of every kind runs past the window (up to ~127 s: eleven
+    # gaps of at most 7 s, the database locked for 10 s, the storage full for up to 8 s, the
+    # control plane's disk for up to 10 s, pauses of up to 12 and 10 s).
+    events = int(RATE * (SECONDS + 90))
     rng = random.Random(SEED)
     server = run.server
 
@@ -241,6 +249,7 @@ def test_a_connected_job_under_faults_loses_nothing_and_leaves_nothing(chaos: Ch
         redis_pid_file=server.data_dir / "redis" / "redis.pid",
         database=server.data_dir / "sparkpoint.db",
         storage=run.checkpoints if run.storage_mounted else None,
+        server_disk=server.data_dir if run.server_disk_mounted else None,
         rng=rng,
     )
     job = run.start_job(events)
