@@ -24,6 +24,7 @@ from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.registration import Registrations
 from sparkpoint_server.service.storage_io import StorageRoots
+from sparkpoint_server.storage.models import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +97,26 @@ class EventApplier:
         if handler is None:
             return  # decisions a standalone driver would make (triggered, completed...)
         if env.attempt < rt.attempt:
-            self.on_stale()
+            self._stale(batch, rt, payload)
             return
         try:
             handler(batch, rt, env, payload)
         except StaleAttemptError:
-            self.on_stale()
+            self._stale(batch, rt, payload)
         except CheckpointError as err:
             raise RejectedEventError(str(err)) from err
+
+    def _stale(self, batch: Batch, rt: JobRuntime, payload: Any) -> None:
+        """An event of an attempt that was failed over: refused and counted. The state of a
+        late acknowledgement goes if its checkpoint failed (aborted by the failover, before
+        this driver, paused or cut off, wrote it), as Flink discards a late message's state."""
+        self.on_stale()
+        if not isinstance(payload, p.SnapshotCompleted):
+            return
+        row = batch.writer.session.get(Checkpoint, (rt.job_id, payload.checkpoint_id))
+        if row is not None and row.status == p.CheckpointStatus.FAILED.value:
+            storage, job_id, cid = rt.storage, rt.job_id, payload.checkpoint_id
+            batch.later(lambda: storage.discard(job_id, cid))
 
     # ------------------------------------------------------------------ status, failures
 

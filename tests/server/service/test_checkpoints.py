@@ -323,3 +323,32 @@ def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
     assert third == second + 1 and _row(harness, third).status == "COMPLETED"
     [(_, notified)] = harness.commands()
     assert isinstance(notified, p.NotifyCheckpointComplete) and notified.checkpoint_id == third
+
+
+def test_the_state_of_a_late_acknowledgement_of_a_failed_over_attempt_goes(
+    harness: Harness,
+) -> None:
+    """A driver paused (or cut off) while it snapshots is failed over; the failover discards
+    the checkpoint's directory, and then the driver wakes and writes its state there."""
+    harness.start(
+        restart_strategy={
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.delay": "1 s",
+        }
+    )
+    cid = harness.trigger_periodic()
+    harness.send(1, p.TaskFailed(epoch=3, cause="driver lost"))
+    harness.tick(1000)
+    chk = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    assert _row(harness, cid).status == "FAILED" and not os.path.exists(chk)
+
+    harness.send(1, harness.ack(1, cid, "source", 0))  # written after the failover
+
+    assert harness.stats.stale_messages == 1
+    assert not os.path.exists(chk)
+    harness.running(2)
+    completed = harness.trigger_periodic(2)  # a completed checkpoint keeps its state
+    harness.ack_all(2, completed)
+    harness.send(1, harness.ack(1, completed, "source", 0))
+    assert harness.stats.stale_messages == 2
+    assert os.path.exists(os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{completed}"))
