@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 import threading
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +24,7 @@ from sparkpoint_server import gc_pauses
 from sparkpoint_server.api import install_api
 from sparkpoint_server.config import Settings
 from sparkpoint_server.engine_process import EngineRunner
+from sparkpoint_server.failure_streak import FailureStreak
 from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis
@@ -37,42 +36,6 @@ log = logging.getLogger(__name__)
 # The ingest allocates many short-lived objects; Python's default (700, 10, 10) runs the cyclic
 # GC so often that it took a quarter of the ingest time (tests/benchmarks/bench_ingest.py).
 GC_THRESHOLDS = (50_000, 20, 100)
-
-
-class FailureStreak:
-    """The log of a step that fails again at every try (the timers' tick, 20 times a second,
-    while the database is away): its first failure with the traceback, then one line a
-    minute, then its end, instead of a traceback at every try."""
-
-    def __init__(
-        self, what: str, *, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.what, self.every_s, self.clock = what, every_s, clock
-        self.count = 0
-        self._told_at = 0.0
-
-    def failed(self) -> None:
-        """Call in the ``except`` block of a failure."""
-        self.count += 1
-        now = self.clock()
-        if self.count == 1:
-            log.exception("%s failed (retried; one line a minute while it fails)", self.what)
-        elif now - self._told_at >= self.every_s:
-            log.warning("%s failed %d times in a row: %s", self.what, self.count, _last_error())
-        else:
-            return
-        self._told_at = now
-
-    def ended(self) -> None:
-        """Call after a success."""
-        if self.count:
-            log.info("%s runs again after %d failure(s)", self.what, self.count)
-            self.count = 0
-
-
-def _last_error() -> str:
-    err = sys.exc_info()[1]
-    return str(err).splitlines()[0] if err is not None and str(err) else repr(err)
 
 
 @dataclass
@@ -152,7 +115,7 @@ class Runner:
 
     def _timers(self) -> None:
         assert self.control_plane is not None
-        failures = FailureStreak("timer tick")
+        failures = FailureStreak("timer tick", log)
         while not self._stop.wait(self.settings.tick_ms / 1000):
             try:
                 self.control_plane.tick()

@@ -29,6 +29,7 @@ from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.stream_retention import consumption
 from sparkpoint.transport import Streams
 from sparkpoint_server.coordination.job import TERMINAL
+from sparkpoint_server.failure_streak import FailureStreak
 from sparkpoint_server.storage.models import Job
 
 log = logging.getLogger(__name__)
@@ -104,11 +105,14 @@ class CommandStreamRetention:
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
         """Sweep every ``interval_s`` until ``stop`` is set; never raises."""
+        failures = FailureStreak("the sweep of ended jobs' command streams", log, traceback=False)
         while not stop.wait(interval_s):
             try:
                 self.sweep()
-            except Exception as err:  # Redis or the database away: the next sweep retries
-                log.warning("could not sweep the command streams of ended jobs: %s", err)
+            except Exception:  # Redis or the database away: the next sweep retries
+                failures.failed()
+            else:
+                failures.ended()
 
     def _keys(self, pattern: str) -> Iterable[bytes]:
         return self.client.scan_iter(match=pattern, count=1000, _type="stream")
