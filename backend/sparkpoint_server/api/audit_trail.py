@@ -28,6 +28,7 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,6 +40,7 @@ from sparkpoint_server.api.auth import (
     Unauthenticated,
     identify,
 )
+from sparkpoint_server.api.errors import database_cause
 from sparkpoint_server.storage import access
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,9 @@ class AuditTrail:
             await run_in_threadpool(
                 self._write, app, scope, state, captured, size, status, request_id
             )
+        except (OperationalError, InterfaceError) as err:  # the database is away
+            cause = database_cause(err)
+            log.warning("audit: cannot record %s %s: %s", scope["method"], scope["path"], cause)
         except Exception:
             log.exception("audit: cannot record %s %s", scope["method"], scope["path"])
 

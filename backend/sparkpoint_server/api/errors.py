@@ -7,6 +7,9 @@
   (never FastAPI's 422 dump);
 - an unknown route to 404 ``"Not found: <path>"``, a wrong method to 405 with ``Allow``
   naming every method of the path;
+- the database away (SQLAlchemy's ``OperationalError`` or ``InterfaceError``: no connection,
+  a full disk, a lock held too long) to 503 ``"the control plane's database is unavailable:
+  <the driver's first line>; retry"`` with ``Retry-After``, logged in one line;
 - anything else to 500 ``"internal error: <ExceptionType>"``, logged with its stack trace,
   which never reaches the body.
 """
@@ -22,12 +25,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route, compile_path
 
 from sparkpoint_server.errors import ControlPlaneError, NotAuthenticatedError
 
 logger = logging.getLogger(__name__)
+
+DATABASE_RETRY_AFTER_S = 5
 
 
 class InvalidConfigurationError(ControlPlaneError):
@@ -131,6 +137,20 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+def database_cause(exc: DBAPIError) -> str:
+    """The first line of the database driver's own message (not SQLAlchemy's, which carries
+    the statement and its values)."""
+    return (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0][:300]
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DBAPIError)
+    cause = database_cause(exc)
+    logger.warning("%s %s: database unavailable: %s", request.method, request.url.path, cause)
+    message = f"the control plane's database is unavailable: {cause}; retry"
+    return error_response(503, message, **{"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, f"internal error: {type(exc).__name__}")
@@ -141,4 +161,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ControlPlaneError, _control_plane_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(InterfaceError, _database_unavailable)
     app.add_exception_handler(Exception, _internal_error)

@@ -7,7 +7,8 @@ app's settings:
 
 1. Invalid input answers 400 with ``{"errors": [...]}`` (``api/errors.py``): FastAPI's 422 is
    removed, and every operation with a parameter or a body documents that 400. A 422 a
-   route documents itself (a corrupt checkpoint to restore) stays.
+   route documents itself (a corrupt checkpoint to restore) stays. Every operation documents
+   the 503 of a database that is away.
 2. The token and its role (``auth.required_role``): mutating operations on jobs need an
    operator's, ``/tokens`` and ``/audit`` an admin's, reads a viewer's only when
    ``SPARKPOINT_PROTECT_READS`` is set, ``/healthz`` none, and nothing when the app has no
@@ -79,6 +80,7 @@ def shape_openapi(document: dict[str, Any], settings: Settings) -> dict[str, Any
                 del responses["422"]
             if operation.get("parameters") or "requestBody" in operation:
                 responses.setdefault("400", _error(400))
+            responses.setdefault("503", _error(503))  # the database may be away
             # Step 2
             if "security" not in operation:
                 continue

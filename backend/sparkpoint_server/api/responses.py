@@ -47,8 +47,9 @@ ERROR_STATUSES: dict[int, str] = {
     422: "The checkpoint or savepoint to restore exists, but its files fail their checksums or "
     "cannot be read as a checkpoint.",
     503: "The coordination service is not running in this process, its engine (the process "
-    "that coordinates, beside the API's) died and is being started again, or checkpoint storage "
-    "did not answer within `SPARKPOINT_STORAGE_TIMEOUT`.",
+    "that coordinates, beside the API's) died and is being started again, checkpoint storage "
+    "did not answer within `SPARKPOINT_STORAGE_TIMEOUT`, or the control plane's database is "
+    "unavailable (no connection, a full disk; `Retry-After` says when to try again).",
 }
 
 

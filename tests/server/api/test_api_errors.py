@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
+from tests.support.ports import free_port
 
 from sparkpoint_server.api.errors import validation_messages
 from sparkpoint_server.errors import ConflictError
+from sparkpoint_server.storage.db import create_db_engine
 
 from .builders import add_job
 from .conftest import AppFactory, build_app
@@ -186,3 +189,34 @@ def test_the_openapi_document_lists_every_route(client: TestClient) -> None:
         for op in methods.values()
     )
     assert client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("database", "cause"),
+    [
+        ("postgresql", "Connection refused"),  # PostgreSQL stopped: nothing listens
+        ("sqlite", "unable to open database file"),  # its directory gone (a lost mount)
+    ],
+)
+def test_a_database_away_answers_503_naming_it_never_500(
+    database: str, cause: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = (
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"
+        if database == "postgresql"
+        else f"sqlite:///{tmp_path / 'gone' / 'sparkpoint.db'}"
+    )
+    engine = create_db_engine(url)
+    client = TestClient(build_app(sessionmaker(engine)), raise_server_exceptions=False)
+
+    for path in ("/jobs", "/jobs/overview", "/jobs/job-1/checkpoints", "/jobs/job-1/exceptions"):
+        response = client.get(path)
+
+        assert response.status_code == 503, (path, response.text)
+        assert response.headers["Retry-After"] == "5"
+        [message] = response.json()["errors"]
+        assert message.startswith("the control plane's database is unavailable: "), message
+        assert cause in message and message.endswith("; retry")
+        assert "SELECT" not in message  # no statement, no values
+    assert not any(r.exc_info for r in caplog.records)  # one line each, no stack trace
+    engine.dispose()
