@@ -127,6 +127,7 @@ def build_app(settings: DashboardSettings | None = None, client: ApiClient | Non
     def _health(_n: int | None) -> tuple[Any, dict[str, str], str]:
         error: str | None = None
         behind_ms: int | None = None
+        answered = False
         try:
             health = client.health()
             last_ok["at"] = fmt_time(int(time.time() * 1000))
@@ -134,8 +135,10 @@ def build_app(settings: DashboardSettings | None = None, client: ApiClient | Non
         except ApiUnreachableError as err:
             error = str(err)
         except ApiRequestError as err:
-            error = f"the control plane answered {err}"
-        children, style = shell.banner_view(error, settings.api_url, last_ok["at"], behind_ms)
+            error, answered = f"the control plane answered {err}", True
+        children, style = shell.banner_view(
+            error, settings.api_url, last_ok["at"], behind_ms, answered=answered
+        )
         return children, style, last_ok["at"] or "never"
 
     @app.callback(Output(ids.TOKEN_STATE, "children"), Input(ids.TOKEN_INPUT, "value"))

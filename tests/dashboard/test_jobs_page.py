@@ -114,6 +114,14 @@ def test_banner_shows_only_when_the_api_is_unreachable() -> None:
     assert "2026-11-26 02:00:00.000" in children[1]
     assert "http://cp:8081" in children[1]
     assert shell.token_state("  ") == "no token: read-only"
+    answered, _ = shell.banner_view(
+        "the control plane answered HTTP 503: database unreachable",
+        "http://cp:8081",
+        None,
+        answered=True,
+    )
+    assert answered[0].children == "The control plane cannot serve. "
+    assert answered[1] == "the control plane answered HTTP 503: database unreachable. Retrying."
 
 
 def test_banner_says_when_the_control_plane_is_behind_its_jobs_events() -> None:

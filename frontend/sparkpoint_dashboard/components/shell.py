@@ -62,10 +62,16 @@ WARNING_STYLE = {
 
 
 def banner_view(
-    error: str | None, api_url: str, last_ok: str | None, behind_ms: int | None = None
+    error: str | None,
+    api_url: str,
+    last_ok: str | None,
+    behind_ms: int | None = None,
+    *,
+    answered: bool = False,
 ) -> tuple[Any, dict[str, str]]:
     """The banner's text and style: hidden while the API answers and its ingest keeps up
-    (``behind_ms``: how far behind the events its jobs sent, from ``/healthz``)."""
+    (``behind_ms``: how far behind the events its jobs sent, from ``/healthz``). ``answered``:
+    the server answered with an error (its database away): it runs, it cannot serve."""
     if error is None and behind_ms is not None and behind_ms >= BEHIND_WARNING_MS:
         return (
             [
@@ -79,13 +85,12 @@ def banner_view(
     if error is None:
         return None, {"display": "none"}
     since = f" Showing what was last read at {last_ok} UTC." if last_ok else ""
-    return (
-        [
-            html.Strong("The control plane is not reachable. "),
-            f"{error}.{since} Retrying; is `sparkpoint server` running at {api_url}?",
-        ],
-        {"display": "block"},
-    )
+    if answered:
+        title, hint = "The control plane cannot serve. ", "Retrying."
+    else:
+        title = "The control plane is not reachable. "
+        hint = f"Retrying; is `sparkpoint server` running at {api_url}?"
+    return [html.Strong(title), f"{error}.{since} {hint}"], {"display": "block"}
 
 
 def token_state(token: str | None) -> str:
