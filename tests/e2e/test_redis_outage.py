@@ -14,9 +14,10 @@ output equals a failure-free run's.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,34 +51,48 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server.kill()
 
 
-def test_a_connected_job_outlives_its_redis_down_longer_than_a_driver_retries(
-    own_redis: OwnRedis, tmp_path: Path
-) -> None:
+def _through(
+    fault: Callable[[], None], own_redis: OwnRedis, tmp_path: Path, job_id: str
+) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """Run the PV job connected through ``own_redis``, call ``fault`` once a checkpoint has
+    completed; the job must end with exit 0 and output equal to a failure-free run's.
+    Returns what ``sparkpoint run`` said, the job, and its exception history."""
     server = OwnRedisServer(tmp_path / "data", redis_url=own_redis.url)
     server.data_dir.mkdir()
     server.start()
-    events = 3 * EVENTS  # 24 s of input: the job is reading when Redis goes
-    run = ("--job-id", "outage", "--checkpoint-interval", "0.5")
-    job = _pv(server, tmp_path, "outage", *run, events=events, redis_url=own_redis.url)
+    events = 3 * EVENTS  # 24 s of input: the job is reading when the fault comes
+    run = ("--job-id", job_id, "--checkpoint-interval", "0.5")
+    job = _pv(server, tmp_path, job_id, *run, events=events, redis_url=own_redis.url)
     try:
         with server.api() as api:
-            wait_for("the job to register", lambda: api.get("/jobs/outage").status_code == 200)
-            wait_for("a completed checkpoint", lambda: completed_checkpoints(api, "outage"))
-            own_redis.kill()
-            time.sleep(OUTAGE_S)  # the outage itself: longer than a driver retries Redis
-            own_redis.start()
+            wait_for("the job to register", lambda: api.get(f"/jobs/{job_id}").status_code == 200)
+            wait_for("a completed checkpoint", lambda: completed_checkpoints(api, job_id))
+            fault()
             said, _ = job.communicate(timeout=300)
             assert job.returncode == 0, said[-5000:]
-            final = api.get("/jobs/outage").json()
-            entries = api.get("/jobs/outage/exceptions").json()["exceptionHistory"]["entries"]
+            final = api.get(f"/jobs/{job_id}").json()
+            entries = api.get(f"/jobs/{job_id}/exceptions").json()["exceptionHistory"]["entries"]
     finally:
         if job.poll() is None:
             job.kill()
         server.stop()
+    assert line_counts(str(tmp_path / "out")) == expected_every_lines(events)
+    return said, final, entries
+
+
+def test_a_connected_job_outlives_its_redis_down_longer_than_a_driver_retries(
+    own_redis: OwnRedis, tmp_path: Path
+) -> None:
+    def outage() -> None:
+        own_redis.kill()
+        time.sleep(OUTAGE_S)  # the outage itself: longer than a driver retries Redis
+        own_redis.start()
+
+    said, final, entries = _through(outage, own_redis, tmp_path, "outage")
+
     assert "sparkpoint run: driver of job outage died (lost the control plane's Redis: " in said
     assert (final["state"], final["attempt"]) == ("FINISHED", 2), final
     assert any("lost the control plane's Redis" in e["stacktrace"] for e in entries), entries
-    assert line_counts(str(tmp_path / "out")) == expected_every_lines(events)
 
 
 def test_a_connected_job_rides_out_its_redis_refusing_writes_while_its_disk_fails(
@@ -86,29 +101,15 @@ def test_a_connected_job_rides_out_its_redis_refusing_writes_while_its_disk_fail
     """A Redis whose disk fills (or fails) refuses every write with ``MISCONF`` until it can
     write again. The driver used to take that refusal as final: exit 1, the job lost for good.
     Now it retries it as it retries an unreachable Redis, and the job goes on, unrestarted."""
-    server = OwnRedisServer(tmp_path / "data", redis_url=own_redis.url)
-    server.data_dir.mkdir()
-    server.start()
-    events = 3 * EVENTS
-    run = ("--job-id", "refused", "--checkpoint-interval", "0.5")
-    job = _pv(server, tmp_path, "refused", *run, events=events, redis_url=own_redis.url)
-    try:
-        with server.api() as api:
-            wait_for("the job to register", lambda: api.get("/jobs/refused").status_code == 200)
-            wait_for("a completed checkpoint", lambda: completed_checkpoints(api, "refused"))
-            own_redis.refuse_writes()
-            time.sleep(REFUSAL_S)  # the fault itself: within the 30 s a driver retries Redis
-            own_redis.accept_writes()
-            said, _ = job.communicate(timeout=300)
-            assert job.returncode == 0, said[-5000:]
-            final = api.get("/jobs/refused").json()
-            entries = api.get("/jobs/refused/exceptions").json()["exceptionHistory"]["entries"]
-    finally:
-        if job.poll() is None:
-            job.kill()
-        server.stop()
+
+    def refusal() -> None:
+        own_redis.refuse_writes()
+        time.sleep(REFUSAL_S)  # the fault itself: within the 30 s a driver retries Redis
+        own_redis.accept_writes()
+
+    said, final, entries = _through(refusal, own_redis, tmp_path, "refused")
+
     waited = [line for line in said.splitlines() if "refusing): " in line]
     assert waited and "MISCONF" in waited[0], said[-5000:]  # the driver saw it and waited
     assert (final["state"], final["attempt"]) == ("FINISHED", 1), final
     assert entries == []
-    assert line_counts(str(tmp_path / "out")) == expected_every_lines(events)

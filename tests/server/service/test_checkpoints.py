@@ -15,6 +15,11 @@ from sparkpoint.transport import redis_client
 from sparkpoint_server.storage import checkpoint_stats
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
 
+RESTART_AFTER_1_S = {
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.delay": "1 s",
+}
+
 
 def _row(h: Harness, cid: int) -> Checkpoint:
     with h.sessions() as s:
@@ -115,12 +120,7 @@ def test_decline_fails_the_checkpoint_with_the_reason(harness: Harness) -> None:
 
 
 def test_stale_attempt_events_are_refused_and_counted(harness: Harness) -> None:
-    harness.start(
-        restart_strategy={
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.delay": "1 s",
-        }
-    )
+    harness.start(restart_strategy=RESTART_AFTER_1_S)
     cid = harness.trigger_periodic()
     harness.send(1, p.TaskFailed(epoch=3, cause="boom"))
     harness.tick(1000)
@@ -330,12 +330,7 @@ def test_the_state_of_a_late_acknowledgement_of_a_failed_over_attempt_goes(
 ) -> None:
     """A driver paused (or cut off) while it snapshots is failed over; the failover discards
     the checkpoint's directory, and then the driver wakes and writes its state there."""
-    harness.start(
-        restart_strategy={
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.delay": "1 s",
-        }
-    )
+    harness.start(restart_strategy=RESTART_AFTER_1_S)
     cid = harness.trigger_periodic()
     harness.send(1, p.TaskFailed(epoch=3, cause="driver lost"))
     harness.tick(1000)
