@@ -9,17 +9,16 @@ plane sends those commands with :func:`send_command`. Every stream entry carries
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from pydantic import BaseModel
 
 from sparkpoint import protocol
-from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.clock import Clock
 from sparkpoint.errors import SparkpointError
 from sparkpoint.events import EventSink
 from sparkpoint.redis_connection import DEFAULT_DATA_DIR as DEFAULT_DATA_DIR
@@ -28,6 +27,11 @@ from sparkpoint.redis_connection import URL_FILE as URL_FILE
 from sparkpoint.redis_connection import client_url as client_url
 from sparkpoint.redis_connection import default_redis_url as default_redis_url
 from sparkpoint.redis_connection import redis_client as redis_client
+from sparkpoint.redis_retry import RETRY_FOR_S as RETRY_FOR_S
+from sparkpoint.redis_retry import RedisUnreachableError as RedisUnreachableError
+from sparkpoint.redis_retry import TransportError as TransportError
+from sparkpoint.redis_retry import passing_refusal as passing_refusal
+from sparkpoint.redis_retry import retrying as retrying
 from sparkpoint.signing import Signer
 from sparkpoint.stream_retention import trim_acknowledged
 
@@ -37,47 +41,9 @@ EVENTS_GROUP = "control-plane"
 COMMANDS_GROUP = "job"
 FIELD = b"m"
 
-RETRY_FOR_S = 30.0  # how long a write keeps retrying while Redis is unreachable
-
-_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
-# Refusals that pass without anyone changing the request: Redis cannot write its disk
-# (MISCONF: the disk is full, its persistence failed), a replica answers during a failover
-# (READONLY, MASTERDOWN, NOREPLICAS), Redis is at its memory limit (OOM), a cluster moves
-# slots (TRYAGAIN, CLUSTERDOWN). redis-py raises a class of its own for some (and drops the
-# code from the message); the others keep their code first, after a pipeline's "caused
-# error: ", or after a script's ": -".
-_PASSING_REFUSAL_TYPES = (
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.MasterDownError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-)
-_PASSING_REFUSAL = re.compile(
-    r"(?:^|caused error: |: -)(MISCONF|READONLY|MASTERDOWN|NOREPLICAS|OOM|TRYAGAIN|CLUSTERDOWN) "
-)
 _COMMAND_TYPES = frozenset(
     cls.model_fields["type"].default for cls in protocol.CommandPayload.__args__
 )
-_T = TypeVar("_T")
-
-
-class TransportError(SparkpointError):
-    """Redis could not be reached (or refused a write); the message names the URL and stream."""
-
-
-class RedisUnreachableError(TransportError):
-    """Redis stayed unavailable for the retry window: unreachable (no connection, or none that
-    answered), or refusing with a refusal that passes (a full disk, a failover; see
-    :func:`passing_refusal`)."""
-
-
-def passing_refusal(err: redis.RedisError) -> bool:
-    """Whether Redis refused for a reason that passes by itself (its disk full, a failover, its
-    memory limit), not because of the request (a wrong password, a missing permission)."""
-    if isinstance(err, _PASSING_REFUSAL_TYPES):
-        return True
-    return isinstance(err, redis.ResponseError) and bool(_PASSING_REFUSAL.search(str(err)))
 
 
 class ControlPlaneLostError(SparkpointError):
@@ -117,59 +83,6 @@ class ReceivedMessage:
 
 
 # ----------------------------------------------------------------------------- connections
-
-
-def retrying(
-    action: Callable[[], _T],
-    what: str,
-    client: redis.Redis,
-    *,
-    retry_for_s: float = RETRY_FOR_S,
-    clock: Clock | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> _T:
-    """Run ``action``, retrying with capped exponential backoff while Redis is unreachable or
-    refuses for a reason that passes (:func:`passing_refusal`).
-
-    Args:
-        action: The Redis call(s); run again after a connection error.
-        what: What the action does, for messages ("publish 3 events to sparkpoint:events").
-        client: The client the action uses (its URL goes into the error).
-        retry_for_s: Give up once this many seconds passed since the first attempt.
-        clock: The monotonic clock of the deadline (the system clock by default).
-        sleep: How to wait between attempts.
-
-    Raises:
-        RedisUnreachableError: Redis stayed unreachable, or kept refusing for a reason that
-            passes, for ``retry_for_s``.
-        TransportError: Redis refused the command for any other reason.
-    """
-    clock = clock or SystemClock()
-    deadline = clock.monotonic_ms() + retry_for_s * 1000
-    delay = 0.1
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return action()
-        except redis.RedisError as err:
-            unreachable = isinstance(err, _CONNECTION_ERRORS)
-            if not unreachable and not passing_refusal(err):
-                raise TransportError(
-                    f"could not {what}: Redis at {client_url(client)} refused: {err}"
-                ) from err
-            state = "unreachable" if unreachable else "refusing"
-            left_s = (deadline - clock.monotonic_ms()) / 1000
-            if left_s <= 0:
-                raise RedisUnreachableError(
-                    f"could not {what}: Redis at {client_url(client)} {state} "
-                    f"after {attempts} attempt(s) over {retry_for_s:g} s: {err}"
-                ) from err
-            log.warning(
-                "could not %s (Redis at %s %s): %s; retrying", what, client_url(client), state, err
-            )
-            sleep(min(delay, left_s))
-            delay = min(delay * 2, 2.0)
 
 
 # ----------------------------------------------------------------------------- reading

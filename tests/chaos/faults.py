@@ -272,21 +272,18 @@ def _fill_for(directory: Path, seconds: float) -> int:
     written = 0
     chunk = b"\0" * (1 << 20)
     try:
-        with open(ballast, "wb") as fh:
-            while True:
-                try:
+        try:
+            with open(ballast, "wb") as fh:
+                while True:
                     fh.write(chunk)
                     fh.flush()
                     written += len(chunk)
-                except OSError as err:
-                    if err.errno != errno.ENOSPC:
-                        raise
-                    break
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
-            raise
-    time.sleep(seconds)
-    ballast.unlink()
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+        time.sleep(seconds)
+    finally:  # whatever happened, the disk is freed
+        ballast.unlink(missing_ok=True)
     return written
 
 

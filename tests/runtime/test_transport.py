@@ -205,13 +205,19 @@ def test_default_redis_url_prefers_the_environment_then_the_url_file(
 
 
 @pytest.fixture
-def refusing_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    """A Redis of the test's own that refuses writes with ``MISCONF`` (a failing disk)."""
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A Redis of the test's own, whose configuration the test may change."""
     server = OwnRedis(tmp_path / "redis")
     server.start()
-    server.refuse_writes()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def refusing_redis(own_redis: OwnRedis) -> OwnRedis:
+    """A Redis of the test's own that refuses writes with ``MISCONF`` (a failing disk)."""
+    own_redis.refuse_writes()
+    return own_redis
 
 
 def test_a_publish_waits_out_redis_refusing_writes_while_its_disk_fails(
@@ -247,6 +253,20 @@ def test_a_refusal_that_outlasts_the_retries_ends_as_redis_unavailable(
     assert f"Redis at {refusing_redis.url} refusing after " in str(caught.value)
     assert "over 30 s: " in str(caught.value)
     assert "MISCONF" in str(caught.value)
+
+
+def test_a_wrong_password_is_not_retried(own_redis: OwnRedis, streams: Streams) -> None:
+    with own_redis.client() as client:
+        client.config_set("requirepass", "the-right-one")
+    waits: list[float] = []
+    wrong = redis_client(f"redis://:a-wrong-one@127.0.0.1:{own_redis.port}/0")
+    sink = RedisEventSink(wrong, streams, sleep=waits.append)
+
+    with pytest.raises(TransportError, match=r"refused: invalid username-password pair") as caught:
+        sink.publish([_heartbeat(1)])
+
+    assert not isinstance(caught.value, RedisUnreachableError)
+    assert waits == []
 
 
 def test_a_refusal_of_the_request_itself_is_not_retried(

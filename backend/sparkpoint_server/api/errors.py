@@ -7,9 +7,10 @@
   (never FastAPI's 422 dump);
 - an unknown route to 404 ``"Not found: <path>"``, a wrong method to 405 with ``Allow``
   naming every method of the path;
-- the database away (SQLAlchemy's ``OperationalError`` or ``InterfaceError``: no connection,
-  a full disk, a lock held too long) to 503 ``"the control plane's database is unavailable:
-  <the driver's first line>; retry"`` with ``Retry-After``, logged in one line;
+- the database away to 503 ``"the control plane's database is unavailable: <the driver's
+  first line>; retry"`` with ``Retry-After``, logged in one line: SQLAlchemy's
+  ``OperationalError`` or ``InterfaceError`` (no connection, a full disk, a lock held too
+  long) and its pool's ``TimeoutError`` (no connection free in time);
 - anything else to 500 ``"internal error: <ExceptionType>"``, logged with its stack trace,
   which never reaches the body.
 """
@@ -26,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route, compile_path
 
@@ -144,8 +146,10 @@ def database_cause(exc: DBAPIError) -> str:
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, DBAPIError)
-    cause = database_cause(exc)
+    if isinstance(exc, DBAPIError):
+        cause = database_cause(exc)
+    else:  # every pooled connection taken, none back in time: the database hangs
+        cause = "no connection free in the pool in time"
     logger.warning("%s %s: database unavailable: %s", request.method, request.url.path, cause)
     message = f"the control plane's database is unavailable: {cause}; retry"
     return error_response(503, message, **{"Retry-After": str(DATABASE_RETRY_AFTER_S)})
@@ -163,4 +167,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)
+    app.add_exception_handler(PoolTimeoutError, _database_unavailable)
     app.add_exception_handler(Exception, _internal_error)

@@ -111,8 +111,8 @@ class EventApplier:
         late acknowledgement goes if its checkpoint failed (aborted by the failover, before
         this driver, paused or cut off, wrote it), as Flink discards a late message's state."""
         self.on_stale()
-        if not isinstance(payload, p.SnapshotCompleted):
-            return
+        if not isinstance(payload, p.SnapshotCompleted) or payload.checkpoint_id in rt.finalizing:
+            return  # (a completion being written decides about its files when it ends)
         row = batch.writer.session.get(Checkpoint, (rt.job_id, payload.checkpoint_id))
         if row is not None and row.status == p.CheckpointStatus.FAILED.value:
             storage, job_id, cid = rt.storage, rt.job_id, payload.checkpoint_id

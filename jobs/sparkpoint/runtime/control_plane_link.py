@@ -99,12 +99,13 @@ class ControlPlaneLink:
 
     def raise_if_lost(self, err: SparkpointError, registered: bool) -> None:
         """Raise :class:`ControlPlaneLostError` for ``err`` when it is Redis that stayed
-        unreachable (past :data:`~sparkpoint.transport.RETRY_FOR_S`) once this driver had
+        unavailable (past :data:`~sparkpoint.transport.RETRY_FOR_S`: down, or refusing for a
+        reason that passes, such as a full disk or a failover) once this driver had
         registered, or in a driver that ``sparkpoint run`` started again: its next driver
         waits for Redis in turn (each driver 30 s, then the next). Unreachable at a run's
         first start, Redis stays an error (exit 1): a wrong ``--redis-url`` is not retried
-        for ever; so does a Redis that answers and refuses (read-only, out of memory, no
-        permission), which no restart mends."""
+        for ever; so does a refusal of the request itself (a wrong password, no permission),
+        which no wait mends."""
         if isinstance(err, RedisUnreachableError) and (registered or self.previous_failure):
             raise ControlPlaneLostError(
                 f"lost the control plane's Redis: {err}; the next driver registers again "

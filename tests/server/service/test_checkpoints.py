@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 from service_harness import Harness
 from sqlalchemy import select
+from tests.support.ports import free_port
 
 from sparkpoint import protocol as p
 from sparkpoint.transport import redis_client
@@ -306,9 +306,7 @@ def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
     harness.ack_all(1, first)
     second = harness.trigger_periodic()
     harness.commands()
-    with socket.socket() as sock:  # a port nothing listens on: Redis away
-        sock.bind(("127.0.0.1", 0))
-        harness.plane.client = redis_client(f"redis://127.0.0.1:{sock.getsockname()[1]}/0")
+    harness.plane.client = redis_client(f"redis://127.0.0.1:{free_port()}/0")  # Redis away
     harness.plane.command_retry_s = 0
 
     harness.ack_all(1, second)  # completes, subsumes the first; its notification cannot go
