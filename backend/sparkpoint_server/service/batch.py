@@ -9,6 +9,8 @@ delete state the database still lists).
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +20,13 @@ import redis
 
 from sparkpoint import protocol as p
 from sparkpoint.signing import Signer
-from sparkpoint.transport import Streams, TransportError, send_commands
+from sparkpoint.transport import (
+    RETRY_FOR_S,
+    RedisUnreachableError,
+    Streams,
+    TransportError,
+    send_commands,
+)
 from sparkpoint_server.errors import StorageUnavailableError
 from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.storage_io import Location
@@ -92,22 +100,81 @@ def _run_all(actions: list[Callable[[], None]], timeout_s: float) -> None:
             log.exception("disposing checkpoint state failed")
 
 
-def send_committed(
-    client: redis.Redis,
-    streams: Streams,
-    commands: list[p.Envelope],
-    signer: Signer,
-    *,
-    retry_for_s: float,
-) -> None:
-    """Send the commands of a unit that committed, waiting up to ``retry_for_s`` for Redis.
+class CommandSender:
+    """Sends the commands of committed units to the jobs, in the order the units committed,
+    without a unit waiting for Redis under the coordination lock.
 
-    Redis away or refusing loses no decision: they are stored. A job that misses a command
+    Commands go at once when Redis takes them (one attempt, as a unit ends). When it does not
+    (down, or refusing for a while: :func:`~sparkpoint.transport.retrying`), they wait in a
+    queue, and so do those of every unit after them, while a thread of their own retries the
+    first for up to ``retry_for_s``; then the queue goes, in order. Commands Redis did not
+    take in that time are given up: the decisions are stored, a job that misses a command
     times out its checkpoint or is restarted, and completions are notified again at the next
-    start (and a later completion subsumes an earlier one's notification, as in Flink).
+    start (a later completion subsumes an earlier one's notification, as in Flink).
     """
-    try:
-        send_commands(client, streams, commands, signer=signer, retry_for_s=retry_for_s)
-    except TransportError as err:
-        kinds = ", ".join(sorted({c.type for c in commands}))
-        log.warning("%d command(s) not sent (%s): %s", len(commands), kinds, err)
+
+    def __init__(
+        self,
+        client: redis.Redis | None,
+        streams: Streams,
+        signer: Signer,
+        retry_for_s: float = RETRY_FOR_S,
+    ) -> None:
+        self.client, self.streams, self.signer = client, streams, signer
+        self.retry_for_s = retry_for_s
+        self._queue: deque[list[p.Envelope]] = deque()
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def send(self, commands: list[p.Envelope]) -> None:
+        """Send ``commands`` now, or queue them behind those that wait for Redis."""
+        if not commands or self.client is None:
+            return
+        with self._lock:
+            if self._queue:
+                self._queue.append(commands)
+                return
+        try:
+            self._send(commands, retry_for_s=0)
+        except RedisUnreachableError as err:
+            log.warning("%s wait for Redis: %s", _count(commands), err)
+            with self._lock:
+                self._queue.append(commands)
+                self._idle.clear()
+            threading.Thread(target=self._drain, name="sparkpoint-commands", daemon=True).start()
+        except TransportError as err:
+            log.warning("%s not sent: %s", _count(commands), err)
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until no command waits for Redis; whether none does."""
+        return self._idle.wait(timeout_s)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._idle.set()
+                    return
+                commands = self._queue[0]
+            try:
+                self._send(commands, retry_for_s=self.retry_for_s)
+            except TransportError as err:
+                with self._lock:
+                    given_up = [c for waiting in self._queue for c in waiting]
+                    self._queue.clear()
+                log.warning("%s given up: %s", _count(given_up), err)
+                continue
+            with self._lock:
+                self._queue.popleft()
+
+    def _send(self, commands: list[p.Envelope], *, retry_for_s: float) -> None:
+        assert self.client is not None
+        send_commands(
+            self.client, self.streams, commands, signer=self.signer, retry_for_s=retry_for_s
+        )
+
+
+def _count(commands: list[p.Envelope]) -> str:
+    kinds = ", ".join(sorted({c.type for c in commands}))
+    return f"{len(commands)} command(s) ({kinds})"

@@ -37,7 +37,7 @@ from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.signing import Signer, job_key, load_or_create_secret, verify
-from sparkpoint.transport import RETRY_FOR_S, ReceivedMessage, Streams
+from sparkpoint.transport import ReceivedMessage, Streams
 from sparkpoint_server.config import Settings
 from sparkpoint_server.coordination.job import ORIGIN_PIN, JobRuntime
 from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestError
@@ -46,7 +46,7 @@ from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service import requests as r
-from sparkpoint_server.service.batch import Batch, Disposer, send_committed
+from sparkpoint_server.service.batch import Batch, CommandSender, Disposer
 from sparkpoint_server.service.events import EventApplier, RejectedEventError, UnknownJobError
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
 from sparkpoint_server.service.registration import read_restore_points, start_paths
@@ -77,7 +77,6 @@ class ControlPlane:
         self.streams = streams or Streams()
         self.clock = clock or SystemClock()
         self.stats = stats
-        self.command_retry_s = RETRY_FOR_S  # how long a command waits for Redis to take it
         self.jobs: dict[str, JobRuntime] = {}
         # Since when the ingest reads events (None: it cannot): no heartbeat can arrive while
         # it cannot, so no driver is declared lost then, and each gets a full timeout after.
@@ -102,6 +101,7 @@ class ControlPlane:
         secret = load_or_create_secret(settings.data_dir)
         self.key_of = functools.lru_cache(maxsize=4096)(lambda job_id: job_key(secret, job_id))
         self.signer = Signer(self.key_of, f"cp-{uuid.uuid4().hex}")
+        self.sender = CommandSender(client, self.streams, self.signer)
         # Completions whose ``_metadata`` is written finish here, one unit at a time.
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkpoint-finish")
         self.checkpoint_dir = str(settings.checkpoint_dir)
@@ -144,7 +144,7 @@ class ControlPlane:
                 raise
             session.close()
             try:
-                self._send(batch.commands)
+                self.sender.send(batch.commands)
             finally:  # what was committed is carried out, whatever became of the commands
                 self.disposer.submit(batch.after_commit)
                 for rt, cid in batch.completions:
@@ -209,12 +209,6 @@ class ControlPlane:
         except Exception:  # the jobs were rebuilt from the database; their acks stay stored
             log.exception("finishing completed checkpoints failed")
 
-    def _send(self, commands: list[p.Envelope]) -> None:
-        if commands and self.client is not None:
-            send_committed(
-                self.client, self.streams, commands, self.signer, retry_for_s=self.command_retry_s
-            )
-
     def _reload(self, job_ids: set[str]) -> None:
         with self.sessions() as session:
             for job_id in job_ids:
@@ -278,7 +272,7 @@ class ControlPlane:
                 if cp is not None:
                     payload = p.NotifyCheckpointComplete(checkpoint_id=cid)
                     commands.append(p.envelope(rt.job_id, cp.attempt, now, payload))
-        self._send(commands)
+        self.sender.send(commands)
         log.info("control plane recovered %d unfinished job(s)", len(active))
 
     # ------------------------------------------------------------------ ingest

@@ -306,8 +306,9 @@ def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
     harness.ack_all(1, first)
     second = harness.trigger_periodic()
     harness.commands()
-    harness.plane.client = redis_client(f"redis://127.0.0.1:{free_port()}/0")  # Redis away
-    harness.plane.command_retry_s = 0
+    sender = harness.plane.sender
+    sender.client = redis_client(f"redis://127.0.0.1:{free_port()}/0")  # Redis away
+    sender.retry_for_s = 0  # given up at once
 
     harness.ack_all(1, second)  # completes, subsumes the first; its notification cannot go
 
@@ -315,7 +316,8 @@ def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
     assert row.status == "COMPLETED" and row.external_path is not None
     assert os.path.exists(os.path.join(row.external_path.removeprefix("file://"), "_metadata"))
     assert not os.path.exists(os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{first}"))
-    harness.plane.client = harness.client  # Redis is back: checkpointing goes on
+    assert sender.wait_idle(30)
+    sender.client = harness.client  # Redis is back: checkpointing goes on
     third = harness.trigger_periodic()
     harness.ack_all(1, third)
     assert third == second + 1 and _row(harness, third).status == "COMPLETED"
