@@ -55,6 +55,14 @@ class RedisUnreachableError(TransportError):
     :func:`passing_refusal`)."""
 
 
+def _unavailable(err: redis.RedisError) -> str | None:
+    """How Redis is unavailable (``unreachable``, ``refusing``: a wait may mend it), or None
+    when it refused the request itself (a wrong password is a connection error to redis-py)."""
+    if isinstance(err, _CONNECTION_ERRORS) and not isinstance(err, redis.AuthenticationError):
+        return "unreachable"
+    return "refusing" if passing_refusal(err) else None
+
+
 def passing_refusal(err: redis.RedisError) -> bool:
     """Whether Redis refused for a reason that passes by itself (its disk full, a failover, its
     memory limit), not because of the request (a wrong password, a missing permission)."""
@@ -98,14 +106,11 @@ def retrying(
         try:
             return action()
         except redis.RedisError as err:
-            # A wrong password is a connection error to redis-py; no wait mends it.
-            wrong_password = isinstance(err, redis.AuthenticationError)
-            unreachable = isinstance(err, _CONNECTION_ERRORS) and not wrong_password
-            if not unreachable and not passing_refusal(err):
+            state = _unavailable(err)
+            if state is None:
                 raise TransportError(
                     f"could not {what}: Redis at {client_url(client)} refused: {err}"
                 ) from err
-            state = "unreachable" if unreachable else "refusing"
             left_s = (deadline - clock.monotonic_ms()) / 1000
             if left_s <= 0:
                 raise RedisUnreachableError(

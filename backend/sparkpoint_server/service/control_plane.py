@@ -73,7 +73,6 @@ class ControlPlane:
     ) -> None:
         self.settings = settings
         self.sessions = sessions
-        self.client = client
         self.streams = streams or Streams()
         self.clock = clock or SystemClock()
         self.stats = stats

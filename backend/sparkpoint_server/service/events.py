@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sparkpoint import protocol as p
@@ -115,8 +116,7 @@ class EventApplier:
             return  # (a completion being written decides about its files when it ends)
         row = batch.writer.session.get(Checkpoint, (rt.job_id, payload.checkpoint_id))
         if row is not None and row.status == p.CheckpointStatus.FAILED.value:
-            storage, job_id, cid = rt.storage, rt.job_id, payload.checkpoint_id
-            batch.later(lambda: storage.discard(job_id, cid))
+            batch.later(partial(rt.storage.discard, rt.job_id, payload.checkpoint_id))
 
     # ------------------------------------------------------------------ status, failures
 
@@ -252,8 +252,7 @@ class EventApplier:
             # A source acknowledges in the epoch that injected its barrier (BarrierInjected).
             batch.writer.checkpoint(rt.job_id, ack.checkpoint_id, epoch=ack.epoch)
         if result.discarded:  # a late acknowledgement of an aborted checkpoint
-            storage, job_id, cid = rt.storage, rt.job_id, ack.checkpoint_id
-            batch.later(lambda: storage.discard(job_id, cid))
+            batch.later(partial(rt.storage.discard, rt.job_id, ack.checkpoint_id))
             return
         if result.completed is not None:
             completions.complete_and_subsume(batch, rt, result.completed, self.savepoint_dir)
