@@ -13,6 +13,7 @@ import redis
 
 from sparkpoint.transport import Streams
 
+from .support.own_redis import OwnRedis
 from .support.redis_server import redis_connection, streams_of_one_test
 from .support.serial import alone_if_serial
 
@@ -73,3 +74,13 @@ def streams(client: redis.Redis) -> Iterator[Streams]:
     """Stream names of this test only; their keys are deleted afterwards."""
     with streams_of_one_test(client) as names:
         yield names
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A ``redis-server`` of this test's own, to kill, restart or make refuse writes (the
+    tests' shared Redis is never used for faults)."""
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.kill()

@@ -14,7 +14,7 @@ output equals a failure-free run's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,14 +41,6 @@ class OwnRedisServer(ServerProcess):
 
     def env(self) -> dict[str, str]:
         return {**super().env(), "REDIS_URL": self.redis_url}
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.kill()
 
 
 def _through(

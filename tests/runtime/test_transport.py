@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -202,15 +201,6 @@ def test_default_redis_url_prefers_the_environment_then_the_url_file(
 
     monkeypatch.setenv("REDIS_URL", "redis://redis.example:6380/2")
     assert default_redis_url(str(arg_dir)) == "redis://redis.example:6380/2"
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    """A Redis of the test's own, whose configuration the test may change."""
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from service_harness import Harness
 from sqlalchemy.orm import Session, sessionmaker
 from tests.support.own_redis import OwnRedis
 
 from sparkpoint import protocol as p
 from sparkpoint.transport import Streams
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.kill()
 
 
 def test_commands_wait_for_redis_outside_the_lock_and_go_in_the_order_decided(
