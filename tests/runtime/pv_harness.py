@@ -14,6 +14,7 @@ import pytest
 from examples import pv_count
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sources import GeneratorSource
+from sparkpoint.events import EventSink
 from sparkpoint.graph import JobGraph, StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode
@@ -95,6 +96,8 @@ def run_pv(
     epoch_records: int = EPOCH_RECORDS,
     alignment_buffer: int = JobOptions.alignment_buffer_bytes,
     checkpoint_dir: bool = True,
+    tolerable_failures: int = 0,
+    event_sink: EventSink | None = None,
 ) -> tuple[JobResult, str]:
     """Run the PV job; returns its result and output directory. ``backend`` is the state
     backend and whether its checkpoints are incremental; without ``checkpoint_dir``,
@@ -109,7 +112,10 @@ def run_pv(
     options = JobOptions(
         job_id=f"pv-{name}",
         checkpoint=CheckpointConfig(
-            mode=CheckpointingMode(mode), interval_ms=interval_ms, retained=retained
+            mode=CheckpointingMode(mode),
+            interval_ms=interval_ms,
+            retained=retained,
+            tolerable_failures=tolerable_failures,
         ),
         checkpoint_dir=f"file://{base / name / 'chk'}" if checkpoint_dir else None,
         checkpoint_storage=storage,
@@ -147,16 +153,23 @@ def run_pv(
         ],
     )
     env.graph.name = "pv-count"
-    return drive(env.graph, options, spark, failure), out
+    return drive(env.graph, options, spark, failure, event_sink), out
 
 
 def drive(
-    graph: JobGraph, options: JobOptions, spark: Any, failure: FailureInjection | None
+    graph: JobGraph,
+    options: JobOptions,
+    spark: Any,
+    failure: FailureInjection | None,
+    events: EventSink | None = None,
 ) -> JobResult:
-    """Run a job graph on ``spark`` (a SparkSession) or, given :data:`IN_PROCESS`, without."""
+    """Run a job graph on ``spark`` (a SparkSession) or, given :data:`IN_PROCESS`, without;
+    ``events`` also receives the job's events as the driver publishes them."""
     in_process = spark == IN_PROCESS
     session = None if in_process else spark
-    driver = JobDriver(graph, options, spark=session, failure=failure, in_process=in_process)
+    driver = JobDriver(
+        graph, options, spark=session, failure=failure, in_process=in_process, events=events
+    )
     return driver.run()
 
 

@@ -294,8 +294,11 @@ class InProcessAuthority(Authority):
         self._handle_failed(self.coordinator.drain_failed())
 
     def after_epoch(self, epoch: int) -> None:
-        if self.coordinator.must_fail_job:
-            raise EpochFailedError(epoch, "exceeded checkpoint tolerable failure threshold")
+        if self.coordinator.must_fail_job:  # the cause names the last checkpoint and why
+            cause = self.coordinator.must_fail_cause
+            raise EpochFailedError(
+                epoch, cause or "exceeded checkpoint tolerable failure threshold"
+            )
 
     # ------------------------------------------------------------------ completion, failures
     def _complete(self, cp: CompletedCheckpoint) -> None:

@@ -10,6 +10,7 @@ acknowledgement.
 
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from sparkpoint.state.snapshot_contracts import (
     SnapshotCapture,
 )
 from sparkpoint.watermarks import BoundedOutOfOrdernessWatermarks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -229,6 +232,19 @@ class SubtaskCheckpointer:
                 handles = f.upload.result()
             except StateTooLargeError as err:
                 decline = str(err)
+            except Exception as err:  # any failure of the upload declines
+                # Flink's CHECKPOINT_ASYNC_EXCEPTION: the checkpoint fails, the task does not
+                # (storage that is full or away); the tolerable failures decide a failover.
+                # The storage's own errors in one line, anything else with its traceback.
+                log.warning(
+                    "%s[%d]: checkpoint %d declined: its snapshot could not be written: %s",
+                    self.uid,
+                    self.subtask,
+                    cid,
+                    err,
+                    exc_info=not isinstance(err, OSError),
+                )
+                decline = f"its snapshot could not be written: {type(err).__name__}: {err}"
         if decline is not None:
             self.report.declines.append(
                 p.CheckpointDeclined(

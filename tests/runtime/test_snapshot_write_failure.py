@@ -1,0 +1,91 @@
+"""A snapshot that cannot be written fails its checkpoint, not the task (Flink's
+``CHECKPOINT_ASYNC_EXCEPTION``): the tolerable failures decide whether the job fails over.
+
+The failure is the file system's own: once checkpoint 2 has completed, a regular file is put
+where checkpoint 3's directory must be created, so every subtask's upload of checkpoint 3
+raises ``OSError`` (as a full or read-only checkpoint storage does). Discarding the failed
+checkpoint removes that file, and the checkpoints after it are written as usual.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from sparkpoint import protocol as p
+from sparkpoint.events import InMemoryEventSink
+from sparkpoint.protocol import CheckpointAborted, CheckpointCompleted, JobStatus
+from sparkpoint.testing import line_counts
+
+from .pv_harness import BACKENDS, IN_PROCESS, run_pv
+
+BLOCKED = 3
+
+
+class _BlockNextCheckpoint(InMemoryEventSink):
+    """Puts a file where checkpoint :data:`BLOCKED`'s directory goes once the one before it
+    completed (a directory made before the job started would be swept at its start)."""
+
+    def __init__(self, job_dir: Path) -> None:
+        super().__init__()
+        self.blocker = job_dir / f"chk-{BLOCKED}"
+        self.placed = False
+
+    def publish(self, events: Sequence[p.Envelope]) -> None:
+        super().publish(events)
+        for e in events:
+            ev = e.decoded()
+            if isinstance(ev, CheckpointCompleted) and ev.checkpoint_id == BLOCKED - 1:
+                self.blocker.write_text("not a directory")
+                self.placed = True
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Counter[str]:
+    _, out = run_pv(IN_PROCESS, tmp_path_factory.mktemp("baseline"), "baseline")
+    return line_counts(out)
+
+
+def _run(tmp_path: Path, name: str, backend: tuple[str, bool], tolerable: int) -> tuple:
+    sink = _BlockNextCheckpoint(tmp_path / name / "chk" / f"pv-{name}")
+    result, out = run_pv(
+        IN_PROCESS,
+        tmp_path,
+        name,
+        backend=backend,
+        max_inline=0,  # every snapshot goes to the storage
+        tolerable_failures=tolerable,
+        event_sink=sink,
+    )
+    assert sink.placed
+    return result, out, sink
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_snapshot_that_cannot_be_written_fails_its_checkpoint_and_the_job_goes_on(
+    tmp_path: Path, baseline: Counter[str], backend: tuple[str, bool]
+) -> None:
+    result, out, sink = _run(tmp_path, "tolerated", backend, tolerable=1)
+    assert result.status is JobStatus.FINISHED
+    assert (result.attempt, result.restores) == (1, [])
+    assert result.events is not None
+    (aborted,) = [e for e in result.events.of_type(CheckpointAborted) if e.checkpoint_id == 3]
+    assert "declined by pv[" in aborted.reason
+    assert "its snapshot could not be written" in aborted.reason
+    assert "Error" in aborted.reason  # the file system's error, by name
+    completed = [e.checkpoint_id for e in result.events.of_type(CheckpointCompleted)]
+    assert BLOCKED not in completed and max(completed) > BLOCKED
+    assert not sink.blocker.exists()  # discarded with the failed checkpoint
+    assert line_counts(out) == baseline
+
+
+def test_with_no_tolerable_failure_the_job_fails_over_to_its_last_checkpoint(
+    tmp_path: Path, baseline: Counter[str]
+) -> None:
+    result, out, _ = _run(tmp_path, "failover", ("hashmap", False), tolerable=0)
+    assert result.status is JobStatus.FINISHED
+    assert (result.attempt, result.restores) == (2, [BLOCKED - 1])
+    assert line_counts(out) == baseline
