@@ -353,3 +353,58 @@ def test_the_refresh_of_an_unknown_job_shows_the_message_and_hides_the_rest() ->
     assert ids.JOB_CARDS not in response
     notice = json.dumps(response[ids.JOB_MESSAGE])
     assert "Job nope is not known to the control plane (job nope not found)." in notice
+
+
+def _checkpoint(cid: int, status: str, **more: Any) -> dict[str, Any]:
+    return {"id": cid, "status": status, **more}
+
+
+def test_the_checkpoint_card_says_how_long_ago_the_last_one_completed() -> None:
+    done = _checkpoint(11, "COMPLETED", latest_ack_timestamp=T0 + 100_000)
+    answer = {
+        "counts": {"completed": 11, "failed": 2},
+        "latest": {"completed": done, "failed": _checkpoint(9, "FAILED")},
+        "history": [done],
+    }
+    card = page.checkpoints_card(answer, T0 + 125_000)
+    assert texts(card) == ["Last checkpoint", "25.0 s ago", "#11 · 11 completed"]
+
+
+def test_checkpoints_failing_since_the_last_completed_show_how_many_and_why_in_red() -> None:
+    # As in a run whose checkpoint storage filled: the overview says what the checkpoints
+    # page says, so the first page a job opens at does not look healthy.
+    why = "checkpoint 14 of job j declined by pv[0]: its snapshot could not be written: OSError"
+    done = _checkpoint(11, "COMPLETED", latest_ack_timestamp=T0 + 100_000)
+    failed = [_checkpoint(n, "FAILED", failure_message=why) for n in (14, 13, 12)]
+    answer = {
+        "counts": {"completed": 11, "failed": 3},
+        "latest": {"completed": done, "failed": failed[0]},
+        "history": [_checkpoint(15, "IN_PROGRESS"), *failed, done],
+    }
+    card = page.checkpoints_card(answer, T0 + 125_000)
+    assert texts(card) == ["Last checkpoint", "25.0 s ago", f"3 failed since #11; latest: {why}"]
+    (span,) = [c for c in card._traverse() if getattr(c, "className", None) == "stat-detail-failed"]
+    assert span.title == f"3 failed since #11; latest: {why}"
+    # More failures than the history read: a lower bound, said as one.
+    cut = {**answer, "history": answer["history"][:3]}
+    assert texts(page.checkpoints_card(cut, T0 + 125_000))[2].startswith("2+ failed since #11")
+
+
+def test_the_checkpoint_card_of_a_job_with_none_completed_or_no_answer() -> None:
+    none = {"counts": {"completed": 0}, "latest": {"completed": None, "failed": None}}
+    assert texts(page.checkpoints_card(none, T0)) == [
+        "Last checkpoint",
+        "none yet",
+        "none completed",
+    ]
+    long = "x" * 500
+    failing = {
+        "counts": {"completed": 0, "failed": 1},
+        "latest": {"completed": None, "failed": _checkpoint(1, "FAILED", failure_message=long)},
+        "history": [_checkpoint(1, "FAILED", failure_message=long)],
+    }
+    shown = texts(page.checkpoints_card(failing, T0))
+    assert shown[:2] == ["Last checkpoint", "none yet"]
+    assert shown[2].startswith("1 failed (none completed); latest: xxx")
+    assert len(shown[2]) == page.CAUSE_CHARS
+    assert texts(page.checkpoints_card(None, T0)) == ["Last checkpoint", DASH, "not read"]

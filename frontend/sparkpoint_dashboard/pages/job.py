@@ -32,6 +32,8 @@ from sparkpoint_dashboard.units import (
 )
 
 THROUGHPUT_LIMIT = 600  # heartbeats charted (one per epoch)
+CHECKPOINTS_LIMIT = 100  # the newest checkpoints read for the failures since the last completed
+CAUSE_CHARS = 200  # of a failure's message on a card (all of it on hover)
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
 
 STATUS_COLUMNS: list[dict[str, Any]] = [
@@ -179,6 +181,31 @@ def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.D
         stat("Source lag", *source_lag(job)),
         stat("Last heartbeat", fmt_age(now, heartbeat), clock(heartbeat)),
     ]
+
+
+def checkpoints_card(answer: Any, now: int) -> html.Div:
+    """Whether checkpoints complete, from ``GET /jobs/{id}/checkpoints``: the latest completed
+    one's age and id; when newer ones failed since, how many and why (the newest failure's
+    message), in red: what the checkpoints page says, on the page a job opens at."""
+    if not isinstance(answer, dict):
+        return stat("Last checkpoint", DASH, "not read")
+    latest = answer.get("latest") or {}
+    done, failed = latest.get("completed"), latest.get("failed")
+    done_id = int(done["id"]) if done else 0
+    value = fmt_age(now, done.get("latest_ack_timestamp")) if done else "none yet"
+    if not failed or int(failed["id"]) < done_id:
+        completed = (answer.get("counts") or {}).get("completed", 0)
+        detail = f"#{done_id} · {fmt_count(completed)} completed" if done else "none completed"
+        return stat("Last checkpoint", value, detail)
+    history = answer.get("history") or []
+    since = [h for h in history if h.get("status") == "FAILED" and int(h["id"]) > done_id]
+    # The history read may end before the last completed one: then there were more.
+    more = "+" if history and int(history[-1]["id"]) > done_id + 1 else ""
+    why = f"{len(since)}{more} failed " + (f"since #{done_id}" if done else "(none completed)")
+    cause = f"{why}; latest: {failed.get('failure_message') or failed.get('failure_reason')}"
+    shown = cause if len(cause) <= CAUSE_CHARS else cause[: CAUSE_CHARS - 1] + "…"
+    failing = html.Span(shown, title=cause, className="stat-detail-failed")
+    return stat("Last checkpoint", value, failing)
 
 
 def status_rows(bands: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -388,9 +415,10 @@ def register(app: Dash, client: ApiClient) -> None:
             return (*(no_update,) * 5, notice, {"display": "none"})
         samples, _error = fetch(lambda: client.throughput(job_id, THROUGHPUT_LIMIT, token))
         samples = samples if isinstance(samples, list) else []
+        checkpoints, _error = fetch(lambda: client.checkpoints(job_id, CHECKPOINTS_LIMIT, token))
         bands = status_bands(job)
         return (
-            job_cards(job, samples),
+            [*job_cards(job, samples), checkpoints_card(checkpoints, int(job.get("now") or 0))],
             status_figure(bands),
             status_rows(bands),
             throughput_figure(samples, restart_marks(job)),
