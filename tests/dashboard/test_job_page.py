@@ -386,8 +386,25 @@ def test_checkpoints_failing_since_the_last_completed_show_how_many_and_why_in_r
     (span,) = [c for c in card._traverse() if getattr(c, "className", None) == "stat-detail-failed"]
     assert span.title == f"3 failed since #11; latest: {why}"
     # More failures than the history read: a lower bound, said as one.
-    cut = {**answer, "history": answer["history"][:3]}
-    assert texts(page.checkpoints_card(cut, T0 + 125_000))[2].startswith("2+ failed since #11")
+    many = [_checkpoint(n, "FAILED", failure_message=why) for n in range(500, 400, -1)]
+    assert len(many) == page.CHECKPOINTS_LIMIT
+    full = {**answer, "history": many}
+    assert texts(page.checkpoints_card(full, T0 + 125_000))[2].startswith("100+ failed since #11")
+
+
+def test_failed_savepoints_and_checkpoints_the_job_aborted_itself_are_no_alarm() -> None:
+    done = _checkpoint(11, "COMPLETED", latest_ack_timestamp=T0 + 100_000)
+    answer = {
+        "counts": {"completed": 11, "failed": 3},
+        "latest": {"completed": done, "failed": _checkpoint(14, "FAILED")},
+        "history": [
+            _checkpoint(14, "FAILED", failure_reason="CHECKPOINT_COORDINATOR_SHUTDOWN"),
+            _checkpoint(13, "FAILED", failure_reason="JOB_FAILOVER_REGION"),
+            _checkpoint(12, "FAILED", is_savepoint=True, failure_reason="CHECKPOINT_DECLINED"),
+            done,
+        ],
+    }
+    assert texts(page.checkpoints_card(answer, T0 + 125_000))[2] == "#11 · 11 completed"
 
 
 def test_the_checkpoint_card_of_a_job_with_none_completed_or_no_answer() -> None:

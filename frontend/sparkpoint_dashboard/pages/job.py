@@ -34,6 +34,21 @@ from sparkpoint_dashboard.units import (
 THROUGHPUT_LIMIT = 600  # heartbeats charted (one per epoch)
 CHECKPOINTS_LIMIT = 100  # the newest checkpoints read for the failures since the last completed
 CAUSE_CHARS = 200  # of a failure's message on a card (all of it on hover)
+# Failure reasons of checkpoints that the job's own lifecycle aborted (Flink's names).
+ABORTED_BY_THE_JOB = frozenset(
+    {
+        "CHECKPOINT_COORDINATOR_SHUTDOWN",
+        "CHECKPOINT_COORDINATOR_SUSPEND",
+        "CHECKPOINT_SUBSUMED",
+        "CHECKPOINT_DECLINED_SUBSUMED",
+        "CHECKPOINT_DECLINED_INPUT_END_OF_STREAM",
+        "CHECKPOINT_DECLINED_TASK_CLOSING",
+        "JOB_FAILOVER_REGION",
+        "JOB_FAILURE",
+        "TASK_FAILURE",
+        "PERIODIC_SCHEDULER_SHUTDOWN",
+    }
+)
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
 
 STATUS_COLUMNS: list[dict[str, Any]] = [
@@ -185,27 +200,39 @@ def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.D
 
 def checkpoints_card(answer: Any, now: int) -> html.Div:
     """Whether checkpoints complete, from ``GET /jobs/{id}/checkpoints``: the latest completed
-    one's age and id; when newer ones failed since, how many and why (the newest failure's
-    message), in red: what the checkpoints page says, on the page a job opens at."""
+    one's age and id; when periodic checkpoints failed since, how many and why (the newest
+    one's message), in red: what the checkpoints page says, on the page a job opens at. A failed
+    savepoint, or a checkpoint that the job's own cancel, failover or restore aborted, is no
+    sign that checkpoints stopped completing and is not counted."""
     if not isinstance(answer, dict):
         return stat("Last checkpoint", DASH, "not read")
-    latest = answer.get("latest") or {}
-    done, failed = latest.get("completed"), latest.get("failed")
+    done = (answer.get("latest") or {}).get("completed")
     done_id = int(done["id"]) if done else 0
     value = fmt_age(now, done.get("latest_ack_timestamp")) if done else "none yet"
-    if not failed or int(failed["id"]) < done_id:
+    history = answer.get("history") or []
+    since = [h for h in history if int(h["id"]) > done_id and _stopped_completing(h)]
+    if not since:
         completed = (answer.get("counts") or {}).get("completed", 0)
         detail = f"#{done_id} · {fmt_count(completed)} completed" if done else "none completed"
         return stat("Last checkpoint", value, detail)
-    history = answer.get("history") or []
-    since = [h for h in history if h.get("status") == "FAILED" and int(h["id"]) > done_id]
-    # The history read may end before the last completed one: then there were more.
-    more = "+" if history and int(history[-1]["id"]) > done_id + 1 else ""
+    # A full page of history that does not reach the last completed one: there were more.
+    more = "+" if len(history) >= CHECKPOINTS_LIMIT and int(history[-1]["id"]) > done_id else ""
     why = f"{len(since)}{more} failed " + (f"since #{done_id}" if done else "(none completed)")
-    cause = f"{why}; latest: {failed.get('failure_message') or failed.get('failure_reason')}"
+    newest = since[0]  # the history comes newest first
+    cause = f"{why}; latest: {newest.get('failure_message') or newest.get('failure_reason')}"
     shown = cause if len(cause) <= CAUSE_CHARS else cause[: CAUSE_CHARS - 1] + "…"
     failing = html.Span(shown, title=cause, className="stat-detail-failed")
     return stat("Last checkpoint", value, failing)
+
+
+def _stopped_completing(checkpoint: dict[str, Any]) -> bool:
+    """A failed periodic checkpoint that says checkpoints do not complete (not a savepoint,
+    nor one aborted by the job's own cancel, failover, restore or end)."""
+    return (
+        checkpoint.get("status") == "FAILED"
+        and not checkpoint.get("is_savepoint")
+        and checkpoint.get("failure_reason") not in ABORTED_BY_THE_JOB
+    )
 
 
 def status_rows(bands: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,8 +4,9 @@
 the synchronous part (the keyed state backend's capture, the sink's pre-commit), hands the
 asynchronous part (serializing and uploading the capture) to a thread while processing goes
 on, and builds the acknowledgement once the upload is done. A snapshot that the checkpoint
-storage refuses (too large for inline storage) becomes a decline with the reason instead of an
-acknowledgement.
+storage refuses (too large for inline storage) or cannot take (full, read-only, away: any
+error of the upload but a damaged capture, an internal assertion or memory exhausted) becomes
+a decline with the reason instead of an acknowledgement.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sparkpoint.checkpointing.barriers import AlignmentStats, CheckpointBarrier
 from sparkpoint.checkpointing.storage import CheckpointStorage, StateTooLargeError
 from sparkpoint.clock import Clock
 from sparkpoint.connectors.sinks import SinkWriter
-from sparkpoint.errors import InjectedFailure
+from sparkpoint.errors import CorruptSnapshotError, InjectedFailure
 from sparkpoint.functions import TimestampsAndWatermarksOperator
 from sparkpoint.job_graph import Vertex
 from sparkpoint.protocol_types import CheckpointKind
@@ -232,7 +233,9 @@ class SubtaskCheckpointer:
                 handles = f.upload.result()
             except StateTooLargeError as err:
                 decline = str(err)
-            except Exception as err:  # any failure of the upload declines
+            except (CorruptSnapshotError, AssertionError, MemoryError):
+                raise  # the capture itself is broken, or this process: the task fails
+            except Exception as err:  # any other failure of the upload declines
                 # Flink's CHECKPOINT_ASYNC_EXCEPTION: the checkpoint fails, the task does not
                 # (storage that is full or away); the tolerable failures decide a failover.
                 # The storage's own errors in one line, anything else with its traceback.
