@@ -1,5 +1,7 @@
 """A snapshot that cannot be written fails its checkpoint, not the task (Flink's
-``CHECKPOINT_ASYNC_EXCEPTION``): the tolerable failures decide whether the job fails over.
+``CHECKPOINT_ASYNC_EXCEPTION``): the tolerable failures decide whether the job fails over. A
+durable copy of an epoch's working state that cannot be written fails nothing: the version
+stays on its executor.
 
 The failure is the file system's own: once checkpoint 2 has completed, a regular file is put
 where checkpoint 3's directory must be created, so every subtask's upload of checkpoint 3
@@ -9,9 +11,11 @@ checkpoint removes that file, and the checkpoints after it are written as usual.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,11 +31,14 @@ BLOCKED = 3
 
 class _BlockNextCheckpoint(InMemoryEventSink):
     """Puts a file where checkpoint :data:`BLOCKED`'s directory goes once the one before it
-    completed (a directory made before the job started would be swept at its start)."""
+    completed (a directory made before the job started would be swept at its start); with
+    ``until``, the file stands where the durable working state goes instead, from then until
+    checkpoint ``until`` completed."""
 
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, until: int | None = None) -> None:
         super().__init__()
-        self.blocker = job_dir / f"chk-{BLOCKED}"
+        self.blocker = job_dir / (f"chk-{BLOCKED}" if until is None else "working")
+        self.until = until
         self.placed = False
 
     def publish(self, events: Sequence[p.Envelope]) -> None:
@@ -39,8 +46,11 @@ class _BlockNextCheckpoint(InMemoryEventSink):
         for e in events:
             ev = e.decoded()
             if isinstance(ev, CheckpointCompleted) and ev.checkpoint_id == BLOCKED - 1:
+                shutil.rmtree(self.blocker, ignore_errors=True)
                 self.blocker.write_text("not a directory")
                 self.placed = True
+            elif isinstance(ev, CheckpointCompleted) and ev.checkpoint_id == self.until:
+                self.blocker.unlink()
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +59,15 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Counter[str]:
     return line_counts(out)
 
 
-def _run(tmp_path: Path, name: str, backend: tuple[str, bool], tolerable: int) -> tuple:
-    sink = _BlockNextCheckpoint(tmp_path / name / "chk" / f"pv-{name}")
+def _run(
+    tmp_path: Path,
+    name: str,
+    backend: tuple[str, bool],
+    tolerable: int,
+    *,
+    durable_until: int | None = None,
+) -> tuple:
+    sink = _BlockNextCheckpoint(tmp_path / name / "chk" / f"pv-{name}", durable_until)
     result, out = run_pv(
         IN_PROCESS,
         tmp_path,
@@ -59,6 +76,7 @@ def _run(tmp_path: Path, name: str, backend: tuple[str, bool], tolerable: int) -
         max_inline=0,  # every snapshot goes to the storage
         tolerable_failures=tolerable,
         event_sink=sink,
+        isolate_workers=durable_until is not None,  # durable working state, as on a cluster
     )
     assert sink.placed
     return result, out, sink
@@ -88,4 +106,18 @@ def test_with_no_tolerable_failure_the_job_fails_over_to_its_last_checkpoint(
     result, out, _ = _run(tmp_path, "failover", ("hashmap", False), tolerable=0)
     assert result.status is JobStatus.FINISHED
     assert (result.attempt, result.restores) == (2, [BLOCKED - 1])
+    assert line_counts(out) == baseline
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_durable_working_state_the_storage_cannot_take_fails_no_epoch(
+    tmp_path: Path, baseline: Counter[str], backend: tuple[str, bool], caplog: Any
+) -> None:
+    # Checkpoints 3 and 4 are written; the durable copies of their epochs are not.
+    result, out, _ = _run(tmp_path, "durable", backend, tolerable=0, durable_until=BLOCKED + 1)
+    assert result.status is JobStatus.FINISHED
+    assert (result.attempt, result.restores) == (1, [])
+    assert result.events is not None
+    assert not result.events.of_type(CheckpointAborted)
+    assert "kept on this executor only: its durable copy could not be written" in caplog.text
     assert line_counts(out) == baseline

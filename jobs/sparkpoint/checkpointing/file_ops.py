@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import posixpath
 import shutil
@@ -19,6 +20,8 @@ import uuid
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+log = logging.getLogger(__name__)
 
 
 class FileOps:
@@ -42,6 +45,17 @@ class FileOps:
         """Delete ``path`` (a directory only when ``recursive``); gone already is fine."""
         with contextlib.suppress(FileNotFoundError):
             self._remove(path, recursive)
+
+    def remove_or_log(self, path: str, what: str, recursive: bool = False) -> bool:
+        """:meth:`remove_quietly`, logging a failure (``what`` left at ``path``) instead of
+        raising it: garbage left, never wrong state, and nothing fails for it. Whether it
+        went."""
+        try:
+            self.remove_quietly(path, recursive)
+        except OSError as err:
+            log.warning("%s left at %s: %s", what, path, err)
+            return False
+        return True
 
     def _write(self, path: str, raw: bytes) -> None:
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)

@@ -12,7 +12,6 @@ executors: it holds plain strings and creates its fsspec filesystem lazily.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,8 +57,6 @@ METADATA_FILE = "_metadata"
 SHARED_DIR = "shared"
 WORKING_DIR = "working"
 _CHECKPOINT_PREFIX = "chk-"
-
-log = logging.getLogger(__name__)
 
 
 class FileSystemCheckpointStorage(CheckpointStorage):
@@ -342,12 +339,13 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             return None
 
     def discard_working_state(self, job_id: str, urls: Iterable[str] | None = None) -> None:
-        """Delete durable working-state copies: the given ones, or all of the job's."""
+        """Delete durable working-state copies: the given ones, or all of the job's. A
+        deletion that fails is logged, not raised (as in :meth:`discard`): no epoch fails."""
+        what = f"job {job_id}: working state"
         if urls is None:
-            self._files.remove_quietly(f"{self._job_dir(job_id)}/{WORKING_DIR}", recursive=True)
-            return
-        for url in urls:
-            self._files.remove_quietly(self._inside_base(url))
+            self._files.remove_or_log(f"{self._job_dir(job_id)}/{WORKING_DIR}", what, True)
+        for url in urls or ():
+            self._files.remove_or_log(self._inside_base(url), what)
 
     # ------------------------------------------------------------------------- metadata
 
@@ -395,14 +393,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         files) leaves garbage, never wrong state: it is logged, not raised, so that no job
         fails over for it."""
         directory = self._checkpoint_dir(job_id, checkpoint_id)
-        try:
-            self._files.remove_quietly(directory, recursive=True)
-        except OSError as err:
-            log.warning(
-                "job %s: checkpoint %d left at %s: %s", job_id, checkpoint_id, directory, err
-            )
-            return
-        self.sweep_shared(job_id)
+        what = f"job {job_id}: checkpoint {checkpoint_id}"
+        if self._files.remove_or_log(directory, what, recursive=True):
+            self.sweep_shared(job_id)
 
     def cleanup_incomplete(self, job_id: str, *, keep: Iterable[int] = ()) -> list[int]:
         kept = set(keep)

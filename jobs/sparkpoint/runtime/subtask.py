@@ -432,10 +432,11 @@ def save_working_state(
     working_state.prune(directory, keep)
     durable_files: list[str] = []
     if plan.durable_working_state:
-        report.state_durable_path = plan.storage.write_working_state(
-            plan.job_id, f"{uid}-{subtask}", tag, data
+        report.state_durable_path = working_state.write_durable(
+            plan.storage, plan.job_id, f"{uid}-{subtask}", tag, data
         )
-        durable_files.append(report.state_durable_path)
+        if report.state_durable_path is not None:
+            durable_files.append(report.state_durable_path)
     report.state_bytes_written = len(data)
     if backend is not None:
         store = _version_store(plan, uid, subtask, inp.backend_url)

@@ -20,6 +20,7 @@ the job recovers from its latest checkpoint.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
 from sparkpoint.protocol import SinkTransactionModel
+
+log = logging.getLogger(__name__)
 
 _MAGIC = b"SPWS4"
 
@@ -65,10 +68,33 @@ class SubtaskVersionStore:
     def write_durable(self, name: str, data: bytes) -> str | None:
         if not self.durable:
             return None
-        return self.storage.write_working_state(self.job_id, self.name, name, data)
+        return write_durable(self.storage, self.job_id, self.name, name, data)
 
     def read_durable(self, url: str) -> bytes | None:
         return self.storage.read_working_state(url)
+
+
+def write_durable(
+    storage: CheckpointStorage, job_id: str, name: str, tag: str, data: bytes
+) -> str | None:
+    """Write a durable copy of a subtask's working state; its URL, or None when the storage
+    cannot take it (full, read-only, away). The epoch goes on with its local copy: the next
+    epoch on this executor opens that, and one on another executor finds no copy and recovers
+    from the latest checkpoint (:class:`WorkingStateLostError`), as without durable copies."""
+    try:
+        return storage.write_working_state(job_id, name, tag, data)
+    except (AssertionError, MemoryError):
+        raise
+    except Exception as err:
+        log.warning(
+            "working state %s of %s kept on this executor only: its durable copy could not be "
+            "written: %s: %s",
+            tag,
+            name,
+            type(err).__name__,
+            err,
+        )
+        return None
 
 
 def version_dir(local_dir: str, job_id: str, uid: str, subtask: int) -> str:

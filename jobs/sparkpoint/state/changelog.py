@@ -111,6 +111,8 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
         chain is not None
         and len(chain["files"]) <= MAX_DELTAS
         and chain["delta_bytes"] <= chain["base_bytes"]
+        # a durable chain whose copy of a file could not be written starts again from a base
+        and not (store.durable and not all(f["durable"] for f in chain["files"]))
     )
     if chain is not None and light:
         blob = changelog_delta.encode_delta(changes.states, changes.changes, **common)
@@ -128,10 +130,12 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
     # Step 3
     chain_blob = json.dumps(dict(chain, tag=tag, files=files)).encode()
     _write_local(store.local_dir, f"{tag}.chain", chain_blob)
-    durable = store.write_durable(f"{tag}.chain", chain_blob)
+    # Durable only when every file of the chain is: else no other executor can rebuild it.
+    whole = all(f["durable"] for f in files)
+    durable = store.write_durable(f"{tag}.chain", chain_blob) if whole else None
     # Step 4
     _LIVE[store.local_dir] = _Live(tag, backend, tuple(f["name"] for f in files))
-    needed = tuple(f["durable"] for f in files if f["durable"]) + ((durable,) if durable else ())
+    needed = (*(f["durable"] for f in files), durable) if durable else ()
     return SavedVersion(len(blob) + len(chain_blob), durable, needed)
 
 
