@@ -80,21 +80,39 @@ def write_durable(
     """Write a durable copy of a subtask's working state; its URL, or None when the storage
     cannot take it (full, read-only, away). The epoch goes on with its local copy: the next
     epoch on this executor opens that, and one on another executor finds no copy and recovers
-    from the latest checkpoint (:class:`WorkingStateLostError`), as without durable copies."""
+    from the latest checkpoint (:class:`WorkingStateLostError`), as without durable copies.
+    The first failure in a row is logged, and the copy that ends the row."""
     try:
-        return storage.write_working_state(job_id, name, tag, data)
+        url = storage.write_working_state(job_id, name, tag, data)
     except (AssertionError, MemoryError):
         raise
     except Exception as err:
-        log.warning(
-            "working state %s of %s kept on this executor only: its durable copy could not be "
-            "written: %s: %s",
-            tag,
-            name,
-            type(err).__name__,
-            err,
-        )
+        if not _DURABLE.failing:
+            log.warning(
+                "working state %s of %s kept on this executor only: its durable copy could not "
+                "be written: %s: %s (the next failures are not logged)",
+                tag,
+                name,
+                type(err).__name__,
+                err,
+            )
+        _DURABLE.failing = True
         return None
+    if _DURABLE.failing:
+        _DURABLE.failing = False
+        log.warning("durable copies of working state are written again (%s of %s)", tag, name)
+    return url
+
+
+@dataclass
+class _DurableCopies:
+    """Whether this process's last durable copy failed: a storage that stays full is logged
+    once, not once per subtask and epoch."""
+
+    failing: bool = False
+
+
+_DURABLE = _DurableCopies()
 
 
 def version_dir(local_dir: str, job_id: str, uid: str, subtask: int) -> str:
