@@ -22,6 +22,7 @@ import pytest
 from sparkpoint import protocol as p
 from sparkpoint.events import InMemoryEventSink
 from sparkpoint.protocol import CheckpointAborted, CheckpointCompleted, JobStatus
+from sparkpoint.runtime import working_state
 from sparkpoint.testing import line_counts
 
 from .pv_harness import BACKENDS, IN_PROCESS, run_pv
@@ -51,6 +52,12 @@ class _BlockNextCheckpoint(InMemoryEventSink):
                 self.placed = True
             elif isinstance(ev, CheckpointCompleted) and ev.checkpoint_id == self.until:
                 self.blocker.unlink()
+
+
+@pytest.fixture(autouse=True)
+def durable_copies_not_failing() -> None:
+    """The log-once flag of durable copies is per process: no test starts in another's row."""
+    working_state._DURABLE.failing = False
 
 
 @pytest.fixture(scope="module")

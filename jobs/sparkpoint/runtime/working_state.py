@@ -78,15 +78,14 @@ def write_durable(
     storage: CheckpointStorage, job_id: str, name: str, tag: str, data: bytes
 ) -> str | None:
     """Write a durable copy of a subtask's working state; its URL, or None when the storage
-    cannot take it (full, read-only, away). The epoch goes on with its local copy: the next
-    epoch on this executor opens that, and one on another executor finds no copy and recovers
-    from the latest checkpoint (:class:`WorkingStateLostError`), as without durable copies.
+    cannot take it (an ``OSError``: full, read-only, away). The epoch goes on with its local
+    copy: the next epoch on this executor opens that, and one on another executor finds no
+    copy and recovers from the latest checkpoint (:class:`WorkingStateLostError`), as without
+    durable copies.
     The first failure in a row is logged, and the copy that ends the row."""
     try:
         url = storage.write_working_state(job_id, name, tag, data)
-    except (AssertionError, MemoryError):
-        raise
-    except Exception as err:
+    except OSError as err:  # the storage's failure; a bug or a refused name still raises
         if not _DURABLE.failing:
             log.warning(
                 "working state %s of %s kept on this executor only: its durable copy could not "

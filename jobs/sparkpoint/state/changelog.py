@@ -111,8 +111,9 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
         chain is not None
         and len(chain["files"]) <= MAX_DELTAS
         and chain["delta_bytes"] <= chain["base_bytes"]
-        # a durable chain whose copy of a file could not be written starts again from a base
-        and not (store.durable and not all(f["durable"] for f in chain["files"]))
+        # a durable store whose previous version has no durable chain (a copy could not be
+        # written) starts again from a base: the next chain must not name a file without one
+        and not (store.durable and store.durable_url is None)
     )
     if chain is not None and light:
         blob = changelog_delta.encode_delta(changes.states, changes.changes, **common)
@@ -135,7 +136,7 @@ def save(backend: KeyedStateBackend, store: VersionStore, tag: str, previous: st
     durable = store.write_durable(f"{tag}.chain", chain_blob) if whole else None
     # Step 4
     _LIVE[store.local_dir] = _Live(tag, backend, tuple(f["name"] for f in files))
-    needed = (*(f["durable"] for f in files), durable) if durable else ()
+    needed = tuple(f["durable"] for f in files if f["durable"]) + ((durable,) if durable else ())
     return SavedVersion(len(blob) + len(chain_blob), durable, needed)
 
 

@@ -454,33 +454,42 @@ def test_snapshot_blob_of_a_reopened_version_equals_the_live_one(
     assert snapshot_blob(_reopen(store, "v2")) == snapshot_blob(backend)  # canonical: equal bytes
 
 
+@pytest.mark.parametrize("refused", ["every copy", "the chain's copy"])
 def test_a_durable_copy_the_storage_cannot_take_keeps_the_version_local_then_a_base_follows(
-    tmp_path: Path,
+    tmp_path: Path, refused: str
 ) -> None:
-    # The real store and storage; the storage refuses the copies while a regular file stands
-    # where the subtask's durable directory goes (as a full or read-only storage does).
+    # The real store and storage. The storage refuses every copy while a regular file stands
+    # where the subtask's durable directory goes (as a full or read-only storage does), or
+    # only the chain's while a directory stands where the chain's copy goes.
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'chk'}")
     here = SubtaskVersionStore(str(tmp_path / "executor-1"), storage, "job", "pv-0", True)
     backend = filled_hashmap(300)
     v1 = backend.save_version(here, "v1", None)
     assert v1.durable_url is not None
     durable_dir = tmp_path / "chk" / "job" / "working" / "pv-0"
-    shutil.rmtree(durable_dir)
-    durable_dir.write_text("not a directory")
+    if refused == "every copy":
+        shutil.rmtree(durable_dir)
+        durable_dir.write_text("not a directory")
+    else:
+        (durable_dir / "v2.chain.state").mkdir()
 
     # Step 1: the epoch's version is saved here only, and says it has no durable copy.
     _epoch(backend, "e2", range(10))
     here.durable_url = v1.durable_url
     v2 = backend.save_version(here, "v2", "v1")
-    assert (v2.durable_url, v2.durable_files) == (None, ())
+    assert v2.durable_url is None
     changelog._LIVE.clear()
     assert copy_of_tables(_reopen(here, "v2")) == copy_of_tables(backend)  # this executor
 
     # Step 2: once the storage takes copies again, the next version is a whole base (its
-    # chain must not name the delta that has no durable copy), and another executor opens it.
-    durable_dir.unlink()
+    # chain must name no file of a version without a durable chain: the driver may have
+    # deleted their copies), and another executor opens it from its copies alone.
+    if refused == "every copy":
+        durable_dir.unlink()
+    else:
+        (durable_dir / "v2.chain.state").rmdir()
     _epoch(backend, "e3", range(10, 20))
-    here.durable_url = None
+    here.durable_url = v2.durable_url  # as the driver passes it: none
     v3 = backend.save_version(here, "v3", "v2")
     assert v3.durable_url is not None
     assert [os.path.basename(u) for u in v3.durable_files] == ["v3.base.state", "v3.chain.state"]
