@@ -11,6 +11,7 @@ checkpoint removes that file, and the checkpoints after it are written as usual.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections import Counter
 from collections.abc import Sequence
@@ -56,8 +57,8 @@ class _BlockNextCheckpoint(InMemoryEventSink):
 
 @pytest.fixture(autouse=True)
 def durable_copies_not_failing() -> None:
-    """The log-once flag of durable copies is per process: no test starts in another's row."""
-    working_state._DURABLE.failing = False
+    """The log-once state of durable copies is per process: no test starts in another's row."""
+    working_state._DURABLE = working_state._DurableCopies()
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +122,7 @@ def test_durable_working_state_the_storage_cannot_take_fails_no_epoch(
     tmp_path: Path, baseline: Counter[str], backend: tuple[str, bool], caplog: Any
 ) -> None:
     # Checkpoints 3 and 4 are written; the durable copies of their epochs are not.
+    caplog.set_level(logging.INFO, logger=working_state.__name__)
     result, out, _ = _run(tmp_path, "durable", backend, tolerable=0, durable_until=BLOCKED + 1)
     assert result.status is JobStatus.FINISHED
     assert (result.attempt, result.restores) == (1, [])

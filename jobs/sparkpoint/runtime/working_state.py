@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import pickle
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,33 +83,41 @@ def write_durable(
     copy: the next epoch on this executor opens that, and one on another executor finds no
     copy and recovers from the latest checkpoint (:class:`WorkingStateLostError`), as without
     durable copies.
-    The first failure in a row is logged, and the copy that ends the row."""
+    Failures are logged at most once in :data:`QUIET_S` seconds."""
     try:
         url = storage.write_working_state(job_id, name, tag, data)
     except OSError as err:  # the storage's failure; a bug or a refused name still raises
-        if not _DURABLE.failing:
+        now = time.monotonic()
+        if now - _DURABLE.warned_at >= QUIET_S:
             log.warning(
                 "working state %s of %s kept on this executor only: its durable copy could not "
-                "be written: %s: %s (the next failures are not logged)",
+                "be written: %s: %s (more such failures within %.0f s are not logged)",
                 tag,
                 name,
                 type(err).__name__,
                 err,
+                QUIET_S,
             )
+            _DURABLE.warned_at = now
         _DURABLE.failing = True
         return None
     if _DURABLE.failing:
         _DURABLE.failing = False
-        log.warning("durable copies of working state are written again (%s of %s)", tag, name)
+        log.info("durable copies of working state are written again (%s of %s)", tag, name)
     return url
+
+
+#: Failed durable copies are logged at most once in this many seconds per process: a storage
+#: that stays full (and takes a small file now and then) would log every subtask's epoch.
+QUIET_S = 10.0
 
 
 @dataclass
 class _DurableCopies:
-    """Whether this process's last durable copy failed: a storage that stays full is logged
-    once, not once per subtask and epoch."""
+    """Whether this process's last durable copy failed, and when a failure was last logged."""
 
     failing: bool = False
+    warned_at: float = float("-inf")
 
 
 _DURABLE = _DurableCopies()
