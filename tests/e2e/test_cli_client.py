@@ -156,14 +156,18 @@ def test_dispose_goes_through_the_control_plane_when_one_is_set(
     assert not Path(kept.removeprefix("file://")).exists()
 
 
-def _in_progress(server: ServerProcess, job_id: str) -> int:
+def _in_progress(server: ServerProcess, job_id: str, after: int = 0) -> int:
+    """Trigger a checkpoint and wait until it is in progress; its id. ``after``: the id of
+    the previous one, which may still show IN_PROGRESS until its acknowledgement is applied
+    (the trigger is applied on the engine, after the API answered)."""
     with server.api() as api:
         rid = api.post(f"/jobs/{job_id}/checkpoints").json()["request-id"]
         assert rid
 
         def pending() -> int | None:
             history = api.get(f"/jobs/{job_id}/checkpoints").json()["history"]
-            return next((h["id"] for h in history if h["status"] == "IN_PROGRESS"), None)
+            ids = (h["id"] for h in history if h["status"] == "IN_PROGRESS" and h["id"] > after)
+            return next(ids, None)
 
         return int(wait_for("a checkpoint in progress", pending))
 
@@ -182,7 +186,7 @@ def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: Serve
     ack = bare_ack(done, "source", 0, ack_timestamp=now, sync_duration_ms=3.0, state_size=2048)
     ack = ack.model_copy(update={"async_duration_ms": 41.0, "alignment_duration_ms": 5.0})
     sink.publish([p.envelope(job, 1, now, ack)])
-    failed = _in_progress(server, job)
+    failed = _in_progress(server, job, after=done)
     declined = p.CheckpointDeclined(
         checkpoint_id=failed, operator_id="source", subtask=0, reason="No space left on device"
     )
