@@ -9,6 +9,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
+from sparkpoint.checkpointing.pending import CheckpointFailureReason as Reason
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient, ApiRequestError, ApiUnreachableError
 from sparkpoint_dashboard.components import config_forms, executors, job_header, restarts
@@ -34,20 +35,21 @@ from sparkpoint_dashboard.units import (
 THROUGHPUT_LIMIT = 600  # heartbeats charted (one per epoch)
 CHECKPOINTS_LIMIT = 100  # the newest checkpoints read for the failures since the last completed
 CAUSE_CHARS = 200  # of a failure's message on a card (all of it on hover)
-# Failure reasons of checkpoints that the job's own lifecycle aborted (Flink's names).
+# Failure reasons of checkpoints that the job's own lifecycle aborted.
 ABORTED_BY_THE_JOB = frozenset(
-    {
-        "CHECKPOINT_COORDINATOR_SHUTDOWN",
-        "CHECKPOINT_COORDINATOR_SUSPEND",
-        "CHECKPOINT_SUBSUMED",
-        "CHECKPOINT_DECLINED_SUBSUMED",
-        "CHECKPOINT_DECLINED_INPUT_END_OF_STREAM",
-        "CHECKPOINT_DECLINED_TASK_CLOSING",
-        "JOB_FAILOVER_REGION",
-        "JOB_FAILURE",
-        "TASK_FAILURE",
-        "PERIODIC_SCHEDULER_SHUTDOWN",
-    }
+    r.value
+    for r in (
+        Reason.CHECKPOINT_COORDINATOR_SHUTDOWN,
+        Reason.CHECKPOINT_COORDINATOR_SUSPEND,
+        Reason.CHECKPOINT_SUBSUMED,
+        Reason.CHECKPOINT_DECLINED_SUBSUMED,
+        Reason.CHECKPOINT_DECLINED_INPUT_END_OF_STREAM,
+        Reason.CHECKPOINT_DECLINED_TASK_CLOSING,
+        Reason.JOB_FAILOVER_REGION,
+        Reason.JOB_FAILURE,
+        Reason.TASK_FAILURE,
+        Reason.PERIODIC_SCHEDULER_SHUTDOWN,
+    )
 )
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
 
