@@ -55,6 +55,23 @@ class _BlockNextCheckpoint(InMemoryEventSink):
                 self.blocker.unlink()
 
 
+class _LoseTheExecutor(_BlockNextCheckpoint):
+    """As :class:`_BlockNextCheckpoint` with durable copies refused from checkpoint 2 on; once
+    checkpoint :data:`BLOCKED` completed, the executor's local copies go too (its disk lost,
+    or the next epoch scheduled elsewhere): no copy of the working state is left anywhere."""
+
+    def __init__(self, job_dir: Path, local_dir: Path) -> None:
+        super().__init__(job_dir, until=0)
+        self.local_dir = local_dir
+
+    def publish(self, events: Sequence[p.Envelope]) -> None:
+        super().publish(events)
+        for e in events:
+            ev = e.decoded()
+            if isinstance(ev, CheckpointCompleted) and ev.checkpoint_id == BLOCKED:
+                shutil.rmtree(self.local_dir)
+
+
 @pytest.fixture(autouse=True)
 def durable_copies_not_failing() -> None:
     """The log-once state of durable copies is per process: no test starts in another's row."""
@@ -131,4 +148,22 @@ def test_durable_working_state_the_storage_cannot_take_fails_no_epoch(
     # Logged once when the copies start failing, and once when they are written again.
     assert caplog.text.count("its durable copy could not be written") == 1
     assert caplog.text.count("durable copies of working state are written again") == 1
+    assert line_counts(out) == baseline
+
+
+def test_working_state_with_no_copy_left_anywhere_recovers_from_the_latest_checkpoint(
+    tmp_path: Path, baseline: Counter[str]
+) -> None:
+    name = "lost"
+    sink = _LoseTheExecutor(tmp_path / name / "chk" / f"pv-{name}", tmp_path / name / "local")
+    result, out = run_pv(
+        IN_PROCESS,
+        tmp_path,
+        name,
+        max_inline=0,
+        event_sink=sink,
+        isolate_workers=True,  # durable working state, as on a cluster
+    )
+    assert result.status is JobStatus.FINISHED
+    assert (result.attempt, result.restores) == (2, [BLOCKED])
     assert line_counts(out) == baseline
