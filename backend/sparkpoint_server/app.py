@@ -19,12 +19,12 @@ from typing import Any
 from fastapi import FastAPI
 
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.failure_streak import FailureStreak
 from sparkpoint.transport import Streams, client_url, redis_client
 from sparkpoint_server import gc_pauses
 from sparkpoint_server.api import install_api
 from sparkpoint_server.config import Settings
 from sparkpoint_server.engine_process import EngineRunner
-from sparkpoint_server.failure_streak import FailureStreak
 from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis

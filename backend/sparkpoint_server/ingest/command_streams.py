@@ -26,10 +26,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.failure_streak import FailureStreak
 from sparkpoint.stream_retention import consumption
 from sparkpoint.transport import Streams
 from sparkpoint_server.coordination.job import TERMINAL
-from sparkpoint_server.failure_streak import FailureStreak
 from sparkpoint_server.storage.models import Job
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,13 @@ import contextlib
 import logging
 import os
 import pickle
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
+from sparkpoint.failure_streak import FailureStreak
 from sparkpoint.protocol import SinkTransactionModel
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,28 @@ class SubtaskVersionStore:
         return self.storage.read_working_state(url)
 
 
+#: Failed durable copies are logged at most once in this many seconds per process: a storage
+#: that stays full (and takes a small file now and then) would log every subtask's epoch.
+DURABLE_FAILURES_LOGGED_EVERY_S = 10.0
+
+
+def _durable_copies_streak() -> FailureStreak:
+    """The failures in a row of this process's durable copies (every subtask's, every
+    thread's: a full storage fails them all alike, so one streak tells it once)."""
+    return FailureStreak(
+        "durable copies of working state",
+        log,
+        traceback=False,  # the storage's failure, expected: one line
+        every_s=DURABLE_FAILURES_LOGGED_EVERY_S,
+        then="the version is kept on this executor only",
+        again="are written again",
+        error_type=True,
+    )
+
+
+_DURABLE_COPIES = _durable_copies_streak()
+
+
 def write_durable(
     storage: CheckpointStorage, job_id: str, name: str, tag: str, data: bytes
 ) -> str | None:
@@ -83,44 +105,15 @@ def write_durable(
     copy: the next epoch on this executor opens that, and one on another executor finds no
     copy and recovers from the latest checkpoint (:class:`WorkingStateLostError`), as without
     durable copies.
-    Failures are logged at most once in :data:`QUIET_S` seconds."""
+    Failures are logged at most once in :data:`DURABLE_FAILURES_LOGGED_EVERY_S` seconds, and
+    the first success after them once."""
     try:
         url = storage.write_working_state(job_id, name, tag, data)
-    except OSError as err:  # the storage's failure; a bug or a refused name still raises
-        now = time.monotonic()
-        if now - _DURABLE.warned_at >= QUIET_S:
-            log.warning(
-                "working state %s of %s kept on this executor only: its durable copy could not "
-                "be written: %s: %s (more such failures within %.0f s are not logged)",
-                tag,
-                name,
-                type(err).__name__,
-                err,
-                QUIET_S,
-            )
-            _DURABLE.warned_at = now
-        _DURABLE.failing = True
+    except OSError:  # the storage's failure; a bug or a refused name still raises
+        _DURABLE_COPIES.failed(f"the durable copy of working state {tag} of {name}")
         return None
-    if _DURABLE.failing:
-        _DURABLE.failing = False
-        log.info("durable copies of working state are written again (%s of %s)", tag, name)
+    _DURABLE_COPIES.ended()
     return url
-
-
-#: Failed durable copies are logged at most once in this many seconds per process: a storage
-#: that stays full (and takes a small file now and then) would log every subtask's epoch.
-QUIET_S = 10.0
-
-
-@dataclass
-class _DurableCopies:
-    """Whether this process's last durable copy failed, and when a failure was last logged."""
-
-    failing: bool = False
-    warned_at: float = float("-inf")
-
-
-_DURABLE = _DurableCopies()
 
 
 def version_dir(local_dir: str, job_id: str, uid: str, subtask: int) -> str:
