@@ -168,3 +168,50 @@ def test_working_state_with_no_copy_left_anywhere_recovers_from_the_latest_check
     assert result.status is JobStatus.FINISHED
     assert (result.attempt, result.restores) == (2, [BLOCKED])
     assert line_counts(out) == baseline
+
+
+class _BlockFinalCheckpoints(InMemoryEventSink):
+    """Puts a file where each of the first ``count`` final checkpoints' directories goes as
+    it is triggered: a storage that is full when the input ends."""
+
+    def __init__(self, job_dir: Path, count: int) -> None:
+        super().__init__()
+        self.job_dir, self.count, self.placed = job_dir, count, 0
+
+    def publish(self, events: Sequence[p.Envelope]) -> None:
+        super().publish(events)
+        for e in events:
+            ev = e.decoded()
+            if isinstance(ev, p.CheckpointTriggered) and ev.is_final and self.placed < self.count:
+                self.job_dir.mkdir(parents=True, exist_ok=True)
+                (self.job_dir / f"chk-{ev.checkpoint_id}").write_text("not a directory")
+                self.placed += 1
+
+
+def test_a_final_checkpoint_that_cannot_be_written_is_tried_again_an_interval_later(
+    tmp_path: Path, baseline: Counter[str]
+) -> None:
+    """Tried again at once, the two tolerable failures would pass in two empty epochs of a few
+    milliseconds; a storage away for longer would fail the job over."""
+    interval_ms = 300
+    sink = _BlockFinalCheckpoints(tmp_path / "final" / "chk" / "pv-final", count=2)
+    result, out = run_pv(
+        IN_PROCESS,
+        tmp_path,
+        "final",
+        max_inline=0,
+        tolerable_failures=2,
+        interval_ms=interval_ms,
+        event_sink=sink,
+    )
+    assert result.status is JobStatus.FINISHED
+    assert (result.attempt, result.restores) == (1, [])
+    assert result.events is not None
+    finals = [e for e in result.events.of_type(p.CheckpointTriggered) if e.is_final]
+    assert len(finals) == 3
+    gaps = [b.trigger_timestamp - a.trigger_timestamp for a, b in zip(finals, finals[1:])]
+    assert min(gaps) >= interval_ms, gaps
+    aborted = {e.checkpoint_id: e.reason for e in result.events.of_type(CheckpointAborted)}
+    for final in finals[:2]:
+        assert "its snapshot could not be written" in aborted[final.checkpoint_id]
+    assert line_counts(out) == baseline

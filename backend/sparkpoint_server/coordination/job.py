@@ -145,7 +145,8 @@ class JobRuntime:
     storage: CheckpointStorage
     restart_due_at: int | None = None  # wall-clock ms of a decided restart
     restart_cause: str | None = None
-    final_requested: bool = False
+    final_requested: bool = False  # the input ended: the final checkpoint ends the job
+    final_waiting: bool = False  # its trigger waits (service.final_checkpoint)
     stop_checkpoint: int | None = None  # stop-with-savepoint: finish after this one
     cancel_after: set[int] = field(default_factory=set)  # savepoints with cancel-job
     savepoint_targets: dict[int, str] = field(default_factory=dict)  # savepoint id -> dir

@@ -44,6 +44,7 @@ from sparkpoint_server.ingest.consumer import RejectedEvent, TransientIngestErro
 from sparkpoint_server.service import completions, disposal, origins, senders, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
+from sparkpoint_server.service import final_checkpoint as final
 from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service import requests as r
 from sparkpoint_server.service.batch import Batch, CommandSender, Disposer
@@ -390,7 +391,9 @@ class ControlPlane:
         queued = bool(rt.queued_checkpoints) and (
             rt.coordinator.pending_count < rt.coordinator.config.max_concurrent
         )
-        return overdue or (not stopping and (queued or rt.coordinator.periodic_due()))
+        if overdue or final.due(rt):
+            return True
+        return not stopping and (queued or rt.coordinator.periodic_due())
 
     def _checked(self, rt: JobRuntime) -> fo.Verdicts | None:
         """The verdicts of the check of a due restart's checkpoint files; None while it runs
@@ -442,6 +445,8 @@ class ControlPlane:
             hb.driver_lost(batch, rt, self.settings.heartbeat_timeout_ms)
             return
         d.handle_failed(batch, rt, rt.coordinator.expire_overdue(self._heard_until()))
+        if rt.status is p.JobStatus.RUNNING and final.trigger_if_due(batch, rt):
+            return
         # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.
         stopping = rt.stop_checkpoint is not None or rt.final_requested
         if not stopping and d.trigger_queued(batch, rt):  # manual requests go first

@@ -445,7 +445,7 @@ def start_attempt(
     log.info("job %s: attempt %d starts from %s", rt.job_id, decision.attempt, cp_name)
     drop_restart(batch, rt)  # this start supersedes a restart still due
     handle_failed(batch, rt, decision.aborted)
-    rt.final_requested = False
+    rt.final_requested = rt.final_waiting = False
     rt.stop_checkpoint = None
     # The restore re-commits the restored checkpoint's transactions and aborts the others.
     for old in list(rt.uncommitted):

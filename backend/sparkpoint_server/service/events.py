@@ -13,13 +13,12 @@ from functools import partial
 from typing import Any
 
 from sparkpoint import protocol as p
-from sparkpoint.checkpointing.pending import CheckpointTriggerError
 from sparkpoint.clock import Clock
 from sparkpoint.errors import CheckpointError, StaleAttemptError
 from sparkpoint_server.coordination.job import (
     JobRuntime,
 )
-from sparkpoint_server.service import completions, storage_io
+from sparkpoint_server.service import completions, final_checkpoint, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service.batch import Batch
@@ -162,15 +161,7 @@ class EventApplier:
     def _end_of_input(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.EndOfInput
     ) -> None:
-        for pending in rt.coordinator.pending.values():
-            if pending.is_final:
-                d.resend_trigger(batch, rt, pending)
-                return
-        try:
-            d.trigger(batch, rt, is_final=True)
-        except CheckpointTriggerError as err:  # never for a final checkpoint; be explicit
-            raise RejectedEventError(str(err)) from err
-        rt.final_requested = True
+        final_checkpoint.end_of_input(batch, rt)
 
     # ------------------------------------------------------------------ checkpoint events
 

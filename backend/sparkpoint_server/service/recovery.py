@@ -171,6 +171,11 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
             rt.operations[r.checkpoint_id] = r.request_id
         if r.status == "IN_PROGRESS" and r.is_final:
             rt.final_requested = True
+    # A final checkpoint of this attempt failed and none is pending: the job asked for the
+    # next (or will), which waits as it did before (service.final_checkpoint).
+    failed_final = any(r.is_final and r.attempt == job.attempt for r in failed_rows)
+    if failed_final and not rt.final_requested and rt.status is p.JobStatus.RUNNING:
+        rt.final_requested = rt.final_waiting = True
     rt.restart_due_at, rt.restart_cause = job.restart_due_at, job.restart_cause
     _watch_driver(session, job, rt, clock)
     _requests(session, rt)

@@ -173,17 +173,14 @@ class CheckpointCoordinator:
         self._timing.restart()
 
     def periodic_due(self) -> bool:
-        """Whether to trigger a periodic checkpoint now: the interval has passed since the last
-        regular trigger (or start, or failover), the minimum pause since the last completion or
-        failure is over, fewer than ``max_concurrent`` are pending, and no failover is due."""
-        cfg, now = self._config, self._clock.monotonic_ms()
-        return (
-            cfg.interval_ms > 0
-            and not self.must_fail_job
-            and now - self._timing.periodic_base >= cfg.interval_ms
-            and len(self._pending) < cfg.max_concurrent
-            and self._timing.pause_left(cfg.min_pause_ms, now) <= 0
+        """Whether a periodic checkpoint is due (see :class:`TriggerTiming`), no failover."""
+        return not self.must_fail_job and self._timing.periodic_due(
+            self._config, len(self._pending)
         )
+
+    def final_wait_ms(self) -> float:
+        """Milliseconds before a final checkpoint may go (:meth:`TriggerTiming.final_wait`)."""
+        return self._timing.final_wait(self._config)
 
     def trigger(
         self,
@@ -329,6 +326,8 @@ class CheckpointCoordinator:
         self._subsumed = [(by, cp) for by, cp in self._subsumed if by != checkpoint_id]
         for checkpoint in taken_back:
             self._subsumed.extend((None, cp) for cp in self.store.add(checkpoint))
+        if completed.is_final:
+            self._timing.failed(self._timing.monotonic_of(completed.trigger_timestamp))
         message = f"{self._name(checkpoint_id)} failed to finalize: {message}"
         failed = completed.to_failed(
             Reason.FINALIZE_CHECKPOINT_FAILURE, message, self._clock.now_ms()
@@ -386,8 +385,8 @@ class CheckpointCoordinator:
         Steps: (1) completed checkpoints enter the store in id order (retention replays),
         (2) each one's pins come back as it enters, (3) failures since the last completion
         replay through the failure manager, (4) pending checkpoints come back with their
-        acknowledgements, (5) the periodic and pause clocks continue from the recorded
-        wall-clock times.
+        acknowledgements, (5) the periodic, pause and final-retry clocks continue from the
+        recorded wall-clock times.
         """
         # Steps 1 and 2; the next drain hands what the replay subsumes to the host.
         completed = sorted(completed, key=lambda c: c.checkpoint_id)
@@ -396,14 +395,15 @@ class CheckpointCoordinator:
             self._completed_ids.add(cp.checkpoint_id)
             self.failure_manager.handle_success(cp.checkpoint_id)
         # Step 3
-        for f in sorted(failed, key=lambda c: c.checkpoint_id):
+        failed = sorted(failed, key=lambda c: c.checkpoint_id)
+        for f in failed:
             self._report_failure(f)
         # Step 4
         for pc in pending:
             self._pending[pc.checkpoint_id] = pc
             self._next_id = max(self._next_id, pc.checkpoint_id + 1)
         # Step 5
-        self._timing.recover(last_trigger_timestamp, last_finished_timestamp)
+        self._timing.recover(last_trigger_timestamp, last_finished_timestamp, failed, self._attempt)
 
     def monotonic_of(self, timestamp: int) -> float:
         """The monotonic time of a recorded wall-clock timestamp (for recovered deadlines)."""
@@ -457,7 +457,7 @@ class CheckpointCoordinator:
         self, pending: PendingCheckpoint, reason: Reason, message: str, by: SubtaskKey | None = None
     ) -> FailedCheckpoint:
         del self._pending[pending.checkpoint_id]
-        self._timing.finished()
+        self._timing.failed(pending.trigger_monotonic_ms if pending.is_final else None)
         failed = pending.abort(reason, message, self._clock.now_ms(), by)
         self._report_failure(failed)
         return failed

@@ -1,11 +1,18 @@
 """When a periodic checkpoint is due: the interval since the last regular trigger, and the
 minimum pause since the last checkpoint finished (Flink's ``CheckpointRequestDecider`` and
 ``minPauseBetweenCheckpoints``), on the monotonic clock; recorded wall-clock times of a host
-that restarted map back onto it."""
+that restarted map back onto it. Also when a final checkpoint that failed is tried again."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from sparkpoint.checkpointing.config import CheckpointConfig
+from sparkpoint.checkpointing.pending import FailedCheckpoint
 from sparkpoint.clock import Clock
+
+#: How long a failed final checkpoint waits before the next when periodic checkpoints are off.
+FINAL_RETRY_WITHOUT_INTERVAL_MS = 1000
 
 
 class TriggerTiming:
@@ -15,14 +22,54 @@ class TriggerTiming:
         self._clock = clock
         self.periodic_base = clock.monotonic_ms()  # the last regular trigger, start or failover
         self._last_finished: float | None = None  # the last completion or failure
+        # This attempt's last failed final checkpoint: when it was triggered and when it failed.
+        self._final_failed: tuple[float, float] | None = None
 
     def restart(self) -> None:
-        """The next periodic checkpoint is one interval from now."""
+        """The next periodic checkpoint is one interval from now; a new attempt's first final
+        checkpoint goes at once."""
         self.periodic_base = self._clock.monotonic_ms()
+        self._final_failed = None
+
+    def periodic_due(self, config: CheckpointConfig, pending: int) -> bool:
+        """Whether the interval has passed since the last regular trigger (or start, or
+        failover), the minimum pause since the last completion or failure is over, and fewer
+        than ``max_concurrent`` checkpoints are ``pending``."""
+        now = self._clock.monotonic_ms()
+        return (
+            config.interval_ms > 0
+            and now - self.periodic_base >= config.interval_ms
+            and pending < config.max_concurrent
+            and self.pause_left(config.min_pause_ms, now) <= 0
+        )
 
     def finished(self, now: float | None = None) -> None:
         """A checkpoint completed or failed: the minimum pause counts from ``now``."""
         self._last_finished = self._clock.monotonic_ms() if now is None else now
+
+    def failed(self, final_trigger: float | None = None) -> None:
+        """A checkpoint failed now; ``final_trigger``: a final one, triggered at that time."""
+        now = self._clock.monotonic_ms()
+        self.finished(now)
+        if final_trigger is not None:
+            self._final_failed = (final_trigger, now)
+
+    def final_wait(self, config: CheckpointConfig) -> float:
+        """Milliseconds before a final checkpoint may be triggered (<= 0: now).
+
+        The first of an attempt goes at once. After one failed, the next waits as a periodic
+        checkpoint would: the interval (:data:`FINAL_RETRY_WITHOUT_INTERVAL_MS` with periodic
+        checkpoints off) since the failed one's trigger and the minimum pause since it failed.
+        Flink triggers the checkpoints of a job whose sources finished on its periodic
+        schedule too. Tried again at once, the tolerable failures of a storage away for a few
+        seconds would pass in as many empty epochs, and the job would fail over.
+        """
+        if self._final_failed is None:
+            return 0.0
+        triggered, failed = self._final_failed
+        now = self._clock.monotonic_ms()
+        interval = config.interval_ms or FINAL_RETRY_WITHOUT_INTERVAL_MS
+        return max(interval - (now - triggered), config.min_pause_ms - (now - failed))
 
     def pause_left(self, min_pause_ms: float, now: float) -> float:
         """Milliseconds of the minimum pause still to wait (<= 0: over)."""
@@ -30,8 +77,22 @@ class TriggerTiming:
             return 0.0
         return min_pause_ms - (now - self._last_finished)
 
-    def recover(self, last_trigger: int | None, last_finished: int | None) -> None:
-        """Continue from recorded wall-clock times (None: not recorded)."""
+    def recover(
+        self,
+        last_trigger: int | None,
+        last_finished: int | None,
+        failed: Sequence[FailedCheckpoint] = (),
+        attempt: int = 0,
+    ) -> None:
+        """Continue from recorded wall-clock times (None: not recorded); ``failed``: the
+        checkpoints that failed since the last completion, in id order (the last final one of
+        ``attempt`` is waited for as :meth:`final_wait` says)."""
+        finals = [f for f in failed if f.is_final and f.attempt == attempt]
+        for final in finals[-1:]:
+            self._final_failed = (
+                self.monotonic_of(final.trigger_timestamp),
+                self.monotonic_of(final.failure_timestamp),
+            )
         if last_trigger is not None:
             self.periodic_base = self.monotonic_of(last_trigger)
         if last_finished is not None:

@@ -240,6 +240,10 @@ class InProcessAuthority(Authority):
         ranges = job.planner.next_ranges()
         barrier = None
         if job.planner.will_exhaust(ranges) or self._stopping:
+            wait_ms = coordinator.final_wait_ms()
+            if wait_ms > 0:  # the last one failed: the next waits (TriggerTiming.final_wait)
+                self.wait_unless_canceled(min(wait_ms, 100))
+                return
             target = self.options.savepoint_on_finish
             kind = CheckpointKind.SAVEPOINT if target else CheckpointKind.CHECKPOINT
             pending = coordinator.trigger(kind, is_final=True, target_directory=target)

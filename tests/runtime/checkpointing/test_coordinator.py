@@ -410,3 +410,50 @@ def test_recover_pins_each_checkpoint_as_it_enters_and_hands_out_the_rest() -> N
     assert [c.checkpoint_id for c in coord.store.all()] == [3]
     assert [c.checkpoint_id for c in coord.store.subsumed_pinned()] == [1]
     assert [c.checkpoint_id for c in coord.drain_subsumed()] == [2]
+
+
+def test_a_final_checkpoint_goes_at_once_and_after_a_failure_waits_as_a_periodic_one() -> None:
+    coord, clock = make(interval_ms=1000, min_pause_ms=300, tolerable_failures=9)
+    assert coord.final_wait_ms() == 0  # the first: at once
+    final = coord.trigger(is_final=True).checkpoint_id
+    clock.advance(200)
+    assert coord.decline(1, final, "pv", 0, "full") is not None
+    assert coord.final_wait_ms() == 800  # the rest of the interval since its trigger
+    clock.advance(800)
+    assert coord.final_wait_ms() == 0
+    final = coord.trigger(is_final=True).checkpoint_id
+    clock.advance(900)
+    assert coord.decline(1, final, "pv", 0, "full") is not None
+    assert coord.final_wait_ms() == 300  # the minimum pause since it failed is longer
+    clock.advance(300)
+    assert coord.final_wait_ms() <= 0
+    # A regular checkpoint's failure does not delay a final one.
+    coord.failover("test")
+    regular = coord.trigger().checkpoint_id
+    assert coord.decline(2, regular, "pv", 0, "full") is not None
+    assert coord.final_wait_ms() == 0
+
+
+def test_a_failed_final_checkpoint_waits_a_second_with_periodic_checkpoints_off() -> None:
+    coord, _ = make(interval_ms=0, tolerable_failures=1)
+    final = coord.trigger(is_final=True).checkpoint_id
+    coord.decline(1, final, "pv", 1, "full")
+    assert coord.final_wait_ms() == 1000
+
+
+def test_a_new_attempt_triggers_its_final_checkpoint_at_once() -> None:
+    coord, _ = make(interval_ms=1000, tolerable_failures=1)
+    final = coord.trigger(is_final=True).checkpoint_id
+    coord.decline(1, final, "pv", 0, "full")
+    assert coord.final_wait_ms() > 0
+    coord.failover("the storage is back")
+    assert coord.final_wait_ms() == 0
+
+
+def test_a_final_checkpoint_whose_metadata_failed_waits_too() -> None:
+    coord, clock = make(interval_ms=1000, tolerable_failures=1)
+    final = coord.trigger(is_final=True).checkpoint_id
+    clock.advance(300)
+    assert ack_all(coord, final).completed is not None
+    coord.finalize_failed(final, "OSError: [Errno 28] No space left on device")
+    assert coord.final_wait_ms() == 700
