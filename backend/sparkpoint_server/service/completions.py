@@ -7,11 +7,15 @@ bounded in time), and :func:`finish_completion` records the outcome in a unit of
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future
 from functools import partial
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint_server.coordination.job import UNCOMMITTED_PIN, Finalizing, JobRuntime
+from sparkpoint_server.errors import StorageUnavailableError
+from sparkpoint_server.service import storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.decisions import (
     OK,
@@ -20,6 +24,9 @@ from sparkpoint_server.service.decisions import (
     handle_failed,
     set_status,
 )
+from sparkpoint_server.service.savepoints import completion_writer
+
+log = logging.getLogger(__name__)
 
 
 def complete(batch: Batch, rt: JobRuntime, cp: CompletedCheckpoint, savepoint_dir: str) -> None:
@@ -58,6 +65,34 @@ def complete_and_subsume(
     checkpoints its completion subsumed."""
     complete(batch, rt, cp, savepoint_dir)
     handle_failed(batch, rt, rt.coordinator.drain_failed())
+
+
+def start_write(rt: JobRuntime, cid: int, timeout_s: float) -> Future[object] | None:
+    """Start step 1 of :func:`complete` (once its unit committed): write the ``_metadata`` on
+    a thread of its own, bounded by ``timeout_s``. Returns its future, None when it started
+    before or the completion was finished meanwhile.
+
+    A write that cannot even start (its metadata cannot be built, no thread) ends at once as a
+    failed write: the completion fails with that cause, as one whose write failed does, and
+    the job's later completions, which wait for it, go on.
+    """
+    entry = rt.finalizing.get(cid)
+    if entry is None or entry.written is not None:
+        return None
+    cp = entry.checkpoint
+    what = (  # the failure message names the job and the checkpoint already
+        f"writing savepoint {cid} to {entry.savepoint_target}"
+        if cp.is_savepoint
+        else f"writing _metadata of checkpoint {cid}"
+    )
+    try:
+        write = completion_writer(rt.job_id, cp, rt.storage, entry.savepoint_target)
+        entry.written = storage_io.start(what, timeout_s, write)
+    except Exception as err:
+        log.exception("job %s: %s could not start", rt.job_id, what)
+        entry.written = Future()
+        entry.written.set_exception(StorageUnavailableError(f"{what}: {type(err).__name__}: {err}"))
+    return entry.written
 
 
 def ready_completions(rt: JobRuntime) -> list[int]:

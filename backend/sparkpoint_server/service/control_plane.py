@@ -51,7 +51,6 @@ from sparkpoint_server.service.batch import Batch, CommandSender, Disposer
 from sparkpoint_server.service.events import EventApplier, RejectedEventError, UnknownJobError
 from sparkpoint_server.service.recovery import load_active_jobs, load_job
 from sparkpoint_server.service.registration import read_restore_points, start_paths
-from sparkpoint_server.service.savepoints import completion_writer
 from sparkpoint_server.service.storage_io import StorageRoots, parse_roots
 from sparkpoint_server.storage.models import Job
 from sparkpoint_server.storage.repository import BatchWriter
@@ -170,20 +169,11 @@ class ControlPlane:
     # ------------------------------------------------------------------ completions
 
     def _write_completion(self, rt: JobRuntime, cid: int) -> None:
-        """Start writing a completion's ``_metadata`` (step 1 of ``decisions.complete``) on a
-        thread of its own, bounded by the storage timeout; its end finishes it."""
-        entry = rt.finalizing.get(cid)
-        if entry is None or entry.written is not None:
-            return
-        cp = entry.checkpoint
-        what = (  # the failure message names the job and the checkpoint already
-            f"writing savepoint {cid} to {entry.savepoint_target}"
-            if cp.is_savepoint
-            else f"writing _metadata of checkpoint {cid}"
-        )
-        write = completion_writer(rt.job_id, cp, rt.storage, entry.savepoint_target)
-        entry.written = storage_io.start(what, self.storage_timeout_s, write)
-        entry.written.add_done_callback(self._on_written)
+        """Start writing a completion's ``_metadata`` (:func:`completions.start_write`); its
+        end finishes it."""
+        written = completions.start_write(rt, cid, self.storage_timeout_s)
+        if written is not None:
+            written.add_done_callback(self._on_written)
 
     def _on_written(self, _: object) -> None:
         try:

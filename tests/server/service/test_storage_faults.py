@@ -192,6 +192,30 @@ def test_a_checkpoint_whose_metadata_write_raises_fails_alone(
     assert "ValueError: malformed URL" in (row.failure_message or "")
 
 
+def test_a_completion_whose_write_cannot_start_fails_alone_and_the_next_ones_complete(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the write raised (its metadata, or a thread that cannot start): before, the
+    error escaped the unit after its commit, hid the one before it, and the job's later
+    completions waited for that write for good."""
+    harness.start()
+    cid = harness.trigger_periodic()
+    writer = completions.completion_writer
+
+    def cannot_start(*_: Any) -> None:
+        monkeypatch.setattr(completions, "completion_writer", writer)  # once
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(completions, "completion_writer", cannot_start)
+    harness.ack_all(1, cid)  # the unit commits; its completion's write fails at once
+    row = _row(harness, cid)
+    assert (row.status, row.failure_reason) == ("FAILED", "FINALIZE_CHECKPOINT_FAILURE")
+    assert "RuntimeError: can't start new thread" in (row.failure_message or "")
+    nxt = harness.trigger_periodic()
+    harness.ack_all(1, nxt)
+    assert _row(harness, nxt).status == "COMPLETED"
+
+
 def test_a_completion_whose_finishing_unit_failed_completes_at_the_next_tick(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
