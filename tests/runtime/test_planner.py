@@ -20,14 +20,21 @@ import pytest
 from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
 from sparkpoint.connectors.sinks import FileSink
-from sparkpoint.connectors.sources import GeneratorSource
+from sparkpoint.connectors.sources import GeneratorSource, Source
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
+from sparkpoint.records import Batch
 from sparkpoint.runtime import driver
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
-from sparkpoint.runtime.planner import FIRST_EPOCH_RECORDS, GROWTH, EpochCostModel, EpochPlanner
+from sparkpoint.runtime.planner import (
+    FIRST_EPOCH_RECORDS,
+    GROWTH,
+    EpochCostModel,
+    EpochPlanner,
+    holds_records,
+)
 from sparkpoint.runtime.spark import SparkEpochRunner
-from sparkpoint.testing import line_counts
+from sparkpoint.testing import ListSource, line_counts
 
 RATE = 20_000  # events/s, as the demo job
 BACKLOG = 2_200_000  # how far behind the demo job fell
@@ -301,3 +308,48 @@ def test_after_a_restore_epochs_start_small_and_grow_back_to_their_learned_size(
         == [FIRST_EPOCH_RECORDS, 4 * FIRST_EPOCH_RECORDS, 16 * FIRST_EPOCH_RECORDS]
         + [4_000_000] * 2
     )
+
+
+def test_an_idle_source_is_waited_for_at_most_as_long_as_asked() -> None:
+    """An unbounded source with nothing new: the planner hands back ranges with no record
+    after ``wait_ms`` instead of waiting for ever, so that the job can see a signal, a command
+    or a checkpoint that is due meanwhile."""
+    clock = ManualClock()
+    source = ListSource(tuple(range(10)), splits=2)
+    idle = _Unbounded(source)
+    planner = EpochPlanner(
+        idle,
+        clock,
+        target_ms=TARGET_MS,
+        min_records=1_000,
+        max_records=4_000_000,
+        sleep=lambda s: clock.advance(s * 1000),
+    )
+    first = planner.next_ranges(wait_ms=250)
+    assert holds_records(first) and clock.monotonic_ms() == 0
+    planner.advance(first)
+    before = clock.monotonic_ms()
+    ranges = planner.next_ranges(wait_ms=250)
+    assert not holds_records(ranges)
+    assert [(r.start, r.end) for r in ranges] == [(5, 5), (5, 5)]
+    assert clock.monotonic_ms() - before == 250
+    assert not planner.exhausted()
+
+
+class _Unbounded(Source):
+    """A source that has what ``inner`` has and never ends (no total)."""
+
+    def __init__(self, inner: ListSource) -> None:
+        self.inner = inner
+
+    def split_ids(self) -> list[str]:
+        return self.inner.split_ids()
+
+    def total(self, split: int) -> int | None:
+        return None
+
+    def available(self, split: int, elapsed_s: float) -> int | None:
+        return self.inner.total(split)
+
+    def read(self, split: int, start: int, end: int) -> Batch:
+        return self.inner.read(split, start, end)

@@ -35,6 +35,7 @@ from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
 from sparkpoint.runtime.failover import failover_region
+from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     check_restore_point,
@@ -48,6 +49,10 @@ from sparkpoint.runtime.registration import job_guarantee, registration
 from sparkpoint.runtime.spark import EpochFailedError
 
 log = logging.getLogger(__name__)
+
+#: How long a standalone job waits for a record before it looks at its signals and timers
+#: again (an idle source).
+IDLE_POLL_MS = 100
 
 
 class JobFailedError(SparkpointError):
@@ -237,7 +242,7 @@ class InProcessAuthority(Authority):
     def _run_one_epoch(self, runner: EpochRunner) -> None:
         job, coordinator = self.job, self.coordinator
         self._handle_failed(coordinator.expire_overdue())
-        ranges = job.planner.next_ranges()
+        ranges = job.planner.next_ranges(wait_ms=IDLE_POLL_MS)
         barrier = None
         if job.planner.will_exhaust(ranges) or self._stopping:
             wait_ms = coordinator.final_wait_ms()
@@ -251,6 +256,8 @@ class InProcessAuthority(Authority):
         elif coordinator.periodic_due():
             pending = coordinator.trigger(periodic=True)
             ranges = job.planner.with_barrier(ranges, at_end=False)
+        elif not holds_records(ranges):  # an idle source: the loop sees a signal, expiries
+            return
         else:
             pending = None
         if pending is not None:

@@ -38,6 +38,7 @@ from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
 from sparkpoint.runtime.failover import failover_region
 from sparkpoint.runtime.plan import SplitRange
+from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     check_restore_point,
@@ -244,7 +245,7 @@ class ControlPlaneAuthority(Authority):
         if self._awaiting_decision or not self._checkpoints.may_run_epoch:
             return None
         planner = self.job.planner
-        ranges = planner.next_ranges()
+        ranges = planner.next_ranges(wait_ms=WAIT_MS)
         exhausts = planner.will_exhaust(ranges)
         queued = self._checkpoints.next_barrier(exhausts)
         if queued is not None:
@@ -253,7 +254,7 @@ class ControlPlaneAuthority(Authority):
             if self._checkpoints.ask_end_of_input():
                 self.job.publish(p.EndOfInput(epoch=self.job.epoch))
             return None
-        return ranges, None
+        return (ranges, None) if holds_records(ranges) else None  # idle: commands first
 
     # ------------------------------------------------------------------ EpochListener
     def before_acks(self) -> None:

@@ -62,6 +62,11 @@ def planned_source(graph: JobGraph) -> Source:
     return CombinedSplits([s.source for s in graph.sources], graph.split_ids())
 
 
+def holds_records(ranges: Sequence[SplitRange]) -> bool:
+    """Whether an epoch of ``ranges`` reads any record."""
+    return any(r.records for r in ranges)
+
+
 class EpochCostModel:
     """An epoch's duration: a fixed overhead plus a cost per record, fitted to recent epochs.
 
@@ -208,8 +213,12 @@ class EpochPlanner:
         """Records of all splits that exist after ``elapsed_s`` (inf: unpaced source)."""
         return sum(self._available(i, elapsed_s) for i in range(len(self.split_ids)))
 
-    def next_ranges(self) -> list[SplitRange]:
-        """The ranges of the next epoch; waits (paced sources) until some record exists."""
+    def next_ranges(self, wait_ms: float = math.inf) -> list[SplitRange]:
+        """The ranges of the next epoch; waits (a paced or an idle source) until some record
+        exists, at most ``wait_ms``: then the ranges hold no record (:func:`holds_records`),
+        so that the caller can obey a cancel, a command or a checkpoint that is due (an
+        epoch with no record carries its barrier, as a Flink source with no data does)."""
+        deadline = self.clock.monotonic_ms() + wait_ms
         while True:
             # A split without a total may learn it (a Redis stream reaches its --until-id).
             self.totals = [
@@ -227,7 +236,10 @@ class EpochPlanner:
                     grown = self._restart_cap * GROWTH
                     self._restart_cap = grown if grown < self.max_records else None
                 return ranges
-            self._sleep(min(self.target_ms, 100) / 1000)
+            left = deadline - self.clock.monotonic_ms()
+            if left <= 0:
+                return ranges
+            self._sleep(min(self.target_ms, 100, left) / 1000)
 
     def _epoch_size(self, lag: float) -> int:
         """Records per split of the next epoch: behind (a paced source whose ``lag`` is more
