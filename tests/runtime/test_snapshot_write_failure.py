@@ -11,6 +11,7 @@ checkpoint removes that file, and the checkpoints after it are written as usual.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 from collections import Counter
@@ -209,7 +210,7 @@ def test_a_final_checkpoint_that_cannot_be_written_is_tried_again_an_interval_la
     assert result.events is not None
     finals = [e for e in result.events.of_type(p.CheckpointTriggered) if e.is_final]
     assert len(finals) == 3
-    gaps = [b.trigger_timestamp - a.trigger_timestamp for a, b in zip(finals, finals[1:])]
+    gaps = [b.trigger_timestamp - a.trigger_timestamp for a, b in itertools.pairwise(finals)]
     assert min(gaps) >= interval_ms, gaps
     aborted = {e.checkpoint_id: e.reason for e in result.events.of_type(CheckpointAborted)}
     for final in finals[:2]:
