@@ -90,8 +90,10 @@ def start_write(rt: JobRuntime, cid: int, timeout_s: float) -> Future[object] | 
         entry.written = storage_io.start(what, timeout_s, write)
     except Exception as err:
         log.exception("job %s: %s could not start", rt.job_id, what)
+        failure = StorageUnavailableError(f"{what}: {type(err).__name__}: {err}")
+        failure.__cause__ = err
         entry.written = Future()
-        entry.written.set_exception(StorageUnavailableError(f"{what}: {type(err).__name__}: {err}"))
+        entry.written.set_exception(failure)
     return entry.written
 
 

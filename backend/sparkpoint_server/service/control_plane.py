@@ -343,8 +343,8 @@ class ControlPlane:
 
     def tick(self) -> None:
         """Timers of every running job: due restarts, drivers silent past the heartbeat
-        timeout, expired checkpoints, periodic triggers, a failover past the tolerable
-        checkpoint failures."""
+        timeout, expired checkpoints, a final checkpoint that waited after one failed,
+        periodic triggers, a failover past the tolerable checkpoint failures."""
         with self._lock:
             due = [rt for rt in self.jobs.values() if self._timers_due(rt)]
             released = origins.released_pins(self.jobs, self.starting)
@@ -435,7 +435,7 @@ class ControlPlane:
             hb.driver_lost(batch, rt, self.settings.heartbeat_timeout_ms)
             return
         d.handle_failed(batch, rt, rt.coordinator.expire_overdue(self._heard_until()))
-        if rt.status is p.JobStatus.RUNNING and final.trigger_if_due(batch, rt):
+        if final.trigger_if_due(batch, rt):
             return
         # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.
         stopping = rt.stop_checkpoint is not None or rt.final_requested

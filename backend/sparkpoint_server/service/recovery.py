@@ -133,6 +133,19 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         )
         .order_by(Checkpoint.checkpoint_id)
     ).all()
+    # This attempt's last final checkpoint, if it failed: the next one waits (a manual
+    # checkpoint may have completed since, so it is looked up by attempt, not among failed_rows).
+    last_final = session.scalars(
+        select(Checkpoint)
+        .where(
+            Checkpoint.job_id == job.job_id,
+            Checkpoint.attempt == job.attempt,
+            Checkpoint.is_final.is_(True),
+        )
+        .order_by(Checkpoint.checkpoint_id.desc())
+        .limit(1)
+    ).first()
+    failed_final = _failed(last_final) if last_final and last_final.status == "FAILED" else None
     expected = expected_subtasks(job.job_id, rt.tasks)
     pending = []
     for r in rows:
@@ -159,6 +172,7 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         pins=pins,
         last_trigger_timestamp=max(regular, default=None),
         last_finished_timestamp=max(finished, default=None),
+        failed_final=failed_final,
     )
     for r in rows:
         if r.status == "COMPLETED" and not r.committed:
@@ -173,7 +187,6 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
             rt.final_requested = True
     # A final checkpoint of this attempt failed and none is pending: the job asked for the
     # next (or will), which waits as it did before (service.final_checkpoint).
-    failed_final = any(r.is_final and r.attempt == job.attempt for r in failed_rows)
     if failed_final and not rt.final_requested and rt.status is p.JobStatus.RUNNING:
         rt.final_requested = rt.final_waiting = True
     rt.restart_due_at, rt.restart_cause = job.restart_due_at, job.restart_cause

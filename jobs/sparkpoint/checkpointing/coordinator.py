@@ -379,14 +379,15 @@ class CheckpointCoordinator:
         pins: Iterable[tuple[int, str]] = (),
         last_trigger_timestamp: int | None = None,
         last_finished_timestamp: int | None = None,
+        failed_final: FailedCheckpoint | None = None,
     ) -> None:
         """Rebuild the state of a host that restarted (the control plane) from its records.
 
         Steps: (1) completed checkpoints enter the store in id order (retention replays),
         (2) each one's pins come back as it enters, (3) failures since the last completion
         replay through the failure manager, (4) pending checkpoints come back with their
-        acknowledgements, (5) the periodic, pause and final-retry clocks continue from the
-        recorded wall-clock times.
+        acknowledgements, (5) the periodic, pause and final-retry clocks (``failed_final``:
+        this attempt's last final checkpoint, if it failed) continue from the recorded times.
         """
         # Steps 1 and 2; the next drain hands what the replay subsumes to the host.
         completed = sorted(completed, key=lambda c: c.checkpoint_id)
@@ -395,15 +396,14 @@ class CheckpointCoordinator:
             self._completed_ids.add(cp.checkpoint_id)
             self.failure_manager.handle_success(cp.checkpoint_id)
         # Step 3
-        failed = sorted(failed, key=lambda c: c.checkpoint_id)
-        for f in failed:
+        for f in sorted(failed, key=lambda c: c.checkpoint_id):
             self._report_failure(f)
         # Step 4
         for pc in pending:
             self._pending[pc.checkpoint_id] = pc
             self._next_id = max(self._next_id, pc.checkpoint_id + 1)
         # Step 5
-        self._timing.recover(last_trigger_timestamp, last_finished_timestamp, failed, self._attempt)
+        self._timing.recover(last_trigger_timestamp, last_finished_timestamp, failed_final)
 
     def monotonic_of(self, timestamp: int) -> float:
         """The monotonic time of a recorded wall-clock timestamp (for recovered deadlines)."""

@@ -5,8 +5,6 @@ that restarted map back onto it. Also when a final checkpoint that failed is tri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.checkpointing.pending import FailedCheckpoint
 from sparkpoint.clock import Clock
@@ -81,17 +79,15 @@ class TriggerTiming:
         self,
         last_trigger: int | None,
         last_finished: int | None,
-        failed: Sequence[FailedCheckpoint] = (),
-        attempt: int = 0,
+        failed_final: FailedCheckpoint | None = None,
     ) -> None:
-        """Continue from recorded wall-clock times (None: not recorded); ``failed``: the
-        checkpoints that failed since the last completion, in id order (the last final one of
-        ``attempt`` is waited for as :meth:`final_wait` says)."""
-        finals = [f for f in failed if f.is_final and f.attempt == attempt]
-        for final in finals[-1:]:
+        """Continue from recorded wall-clock times (None: not recorded); ``failed_final``: the
+        current attempt's last final checkpoint, which failed (the next waits as
+        :meth:`final_wait` says)."""
+        if failed_final is not None:
             self._final_failed = (
-                self.monotonic_of(final.trigger_timestamp),
-                self.monotonic_of(final.failure_timestamp),
+                self.monotonic_of(failed_final.trigger_timestamp),
+                self.monotonic_of(failed_final.failure_timestamp),
             )
         if last_trigger is not None:
             self.periodic_base = self.monotonic_of(last_trigger)

@@ -242,13 +242,14 @@ class InProcessAuthority(Authority):
     def _run_one_epoch(self, runner: EpochRunner) -> None:
         job, coordinator = self.job, self.coordinator
         self._handle_failed(coordinator.expire_overdue())
+        ending = job.planner.exhausted() or self._stopping
+        if ending and (wait_ms := coordinator.final_wait_ms()) > 0:
+            # The last final checkpoint failed: the next waits (TriggerTiming.final_wait).
+            self.wait_unless_canceled(min(wait_ms, IDLE_POLL_MS))
+            return
         ranges = job.planner.next_ranges(wait_ms=IDLE_POLL_MS)
         barrier = None
         if job.planner.will_exhaust(ranges) or self._stopping:
-            wait_ms = coordinator.final_wait_ms()
-            if wait_ms > 0:  # the last one failed: the next waits (TriggerTiming.final_wait)
-                self.wait_unless_canceled(min(wait_ms, 100))
-                return
             target = self.options.savepoint_on_finish
             kind = CheckpointKind.SAVEPOINT if target else CheckpointKind.CHECKPOINT
             pending = coordinator.trigger(kind, is_final=True, target_directory=target)

@@ -49,7 +49,8 @@ from sparkpoint.runtime.silence import Silence
 from sparkpoint.runtime.spark import SparkLostError
 from sparkpoint.transport import ReceivedMessage, RedisUnreachableError, TransportError
 
-#: How long one wait for commands blocks (back-pressure, a decision, the final checkpoint).
+#: How long one wait for commands blocks (back-pressure, a decision, the final checkpoint, a
+#: source with nothing new: records that come meanwhile are read after it).
 WAIT_MS = 100
 #: How long one read blocks while the driver waits for its first ``restore``.
 FIRST_ANSWER_POLL_MS = 1000
@@ -152,7 +153,8 @@ class ControlPlaneAuthority(Authority):
     def run(self, runner: EpochRunner) -> None:
         """Until told to end: obey commands without blocking, then run the next epoch, or
         wait for commands when no epoch may run (a decision, back-pressure, the final
-        checkpoint or the stop-with-savepoint in flight, the end of input)."""
+        checkpoint or the stop-with-savepoint in flight, the end of input, a source with
+        nothing new and no checkpoint to carry)."""
         channel = self.link.channel
         runner = self._reader.around(runner)
         self.job.planner.start()  # --rate counts from the first epoch, not from start-up
@@ -245,7 +247,7 @@ class ControlPlaneAuthority(Authority):
         if self._awaiting_decision or not self._checkpoints.may_run_epoch:
             return None
         planner = self.job.planner
-        ranges = planner.next_ranges(wait_ms=WAIT_MS)
+        ranges = planner.next_ranges(wait_ms=0)  # idle: the caller waits on its commands
         exhausts = planner.will_exhaust(ranges)
         queued = self._checkpoints.next_barrier(exhausts)
         if queued is not None:

@@ -230,7 +230,7 @@ class EpochPlanner:
             for i, pos in enumerate(self.positions):
                 end = int(min(self._available(i, elapsed), pos + size))
                 ranges.append(SplitRange(i, self.split_ids[i], pos, max(pos, end)))
-            if any(r.records for r in ranges) or self.exhausted():
+            if holds_records(ranges) or self.exhausted():
                 self._planned = size
                 if self._restart_cap is not None:
                     grown = self._restart_cap * GROWTH

@@ -75,3 +75,34 @@ def test_with_no_tolerable_failure_a_failed_final_checkpoint_fails_the_job_over(
         assert job is not None
         assert job.status == "RESTARTING"
         assert "declined by pv[0]" in (job.restart_cause or "")
+
+
+def test_a_manual_checkpoint_that_completes_meanwhile_does_not_lose_the_wait_at_a_restart(
+    harness: Harness,
+) -> None:
+    """A completed checkpoint above the failed final one: the restart still finds that the job
+    waits for its final checkpoint (else it would stay RUNNING for ever)."""
+    harness.start(tolerable_failures=3, interval_ms=1000)
+    failed = _decline_the_final(harness)
+    harness.plane.trigger_checkpoint(harness.job_id)
+    [manual] = _finals(harness)
+    harness.ack_all(1, manual)
+    assert _status(harness, manual) == "COMPLETED"
+    harness.new_control_plane()
+    harness.commands()
+    harness.tick(1000)
+    [again] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
+    assert (again.checkpoint_id, again.is_final) == (manual + 1, True)
+    assert manual == failed + 1
+
+
+def test_no_final_checkpoint_is_triggered_while_the_job_stops_with_a_savepoint(
+    harness: Harness,
+) -> None:
+    harness.start(tolerable_failures=3, interval_ms=1000)
+    _decline_the_final(harness)
+    harness.plane.stop_with_savepoint(harness.job_id, None)
+    [stop] = [c for _, c in harness.commands() if isinstance(c, p.StopWithSavepoint)]
+    harness.tick(1000)
+    assert _finals(harness) == []
+    assert stop.checkpoint_id > 0
