@@ -70,8 +70,8 @@ class FailureStreak:
             count, now = self.count, self.clock()
             if now - self._told_at < self.every_s:
                 return
-            self._told_at, first = now, not self._told
-            self._told = True
+            # A streak first told after failures inside the quiet time says how many there were.
+            self._told_at, self._told, first = now, True, count == 1
         what, error = what or self.what, _last_error(self.error_type)
         if first:
             said = f"({self.then or 'retried'}; {_one_line_every(self.every_s)} while it fails)"

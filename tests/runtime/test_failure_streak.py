@@ -154,3 +154,27 @@ def test_a_step_that_flaps_is_told_at_most_once_an_interval(
         "copies failed (retried; one line every 10 s while it fails): full at 12",
         "copies runs again after 1 failure(s)",
     ]
+
+
+def test_a_streak_that_began_in_the_quiet_time_is_told_with_its_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    streak = FailureStreak("copies", LOG, traceback=True, every_s=10.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    for at in (0, 1, 4, 7, 11):  # told at 0; works at 1; fails again at 4 and 7 (quiet), 11
+        now[0] = at
+        if at == 1:
+            streak.ended()
+            continue
+        try:
+            raise OSError(f"full at {at}")
+        except OSError:
+            streak.failed()
+
+    said = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert said == [
+        ("copies failed (retried; one line every 10 s while it fails)", True),
+        ("copies runs again after 1 failure(s)", False),
+        ("copies failed 3 times in a row: full at 11", False),
+    ]
