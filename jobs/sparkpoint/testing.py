@@ -33,10 +33,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ListSource(Source):
-    """Records from a list, dealt round-robin over ``splits`` splits; offsets are positions."""
+    """Records from a list, dealt round-robin over ``splits`` splits; offsets are positions.
+    Not ``bounded``: the source never ends (no total), as an unbounded source that has
+    nothing after these records."""
 
     records: tuple[Any, ...]
     splits: int = 2
+    bounded: bool = True
 
     def split_ids(self) -> list[str]:
         return [f"list-{i}" for i in range(self.splits)]
@@ -45,6 +48,9 @@ class ListSource(Source):
         return self.records[split :: self.splits]
 
     def total(self, split: int) -> int | None:
+        return len(self._split(split)) if self.bounded else None
+
+    def available(self, split: int, elapsed_s: float) -> int | None:
         return len(self._split(split))
 
     def read(self, split: int, start: int, end: int) -> Batch:

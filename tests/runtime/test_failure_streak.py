@@ -132,21 +132,26 @@ def test_threads_failing_together_tell_the_streak_once_and_count_every_failure(
     ]
 
 
+def _play(streak: FailureStreak, now: list[float], script: list[tuple[float, bool]]) -> None:
+    """At each time of ``script``, a failure (``OSError("full at <time>")``) or a success."""
+    for at, fails in script:
+        now[0] = at
+        if not fails:
+            streak.ended()
+            continue
+        try:
+            raise OSError(f"full at {at:g}")
+        except OSError:
+            streak.failed()
+
+
 def test_a_step_that_flaps_is_told_at_most_once_an_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     now = [0.0]
     streak = FailureStreak("copies", LOG, traceback=False, every_s=10.0, clock=lambda: now[0])
     caplog.set_level(logging.INFO, logger=LOG.name)
-    for at, fails in [(0, True), (1, False), (5, True), (6, False), (12, True), (13, False)]:
-        now[0] = at
-        if not fails:
-            streak.ended()
-            continue
-        try:
-            raise OSError(f"full at {at}")
-        except OSError:
-            streak.failed()
+    _play(streak, now, [(0, True), (1, False), (5, True), (6, False), (12, True), (13, False)])
 
     assert [r.getMessage() for r in caplog.records] == [
         "copies failed (retried; one line every 10 s while it fails): full at 0",
@@ -162,15 +167,8 @@ def test_a_streak_that_began_in_the_quiet_time_is_told_with_its_count(
     now = [0.0]
     streak = FailureStreak("copies", LOG, traceback=True, every_s=10.0, clock=lambda: now[0])
     caplog.set_level(logging.INFO, logger=LOG.name)
-    for at in (0, 1, 4, 7, 11):  # told at 0; works at 1; fails again at 4 and 7 (quiet), 11
-        now[0] = at
-        if at == 1:
-            streak.ended()
-            continue
-        try:
-            raise OSError(f"full at {at}")
-        except OSError:
-            streak.failed()
+    # Told at 0; works at 1; fails again at 4 and 7 (in the quiet time), and at 11.
+    _play(streak, now, [(0, True), (1, False), (4, True), (7, True), (11, True)])
 
     said = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
     assert said == [

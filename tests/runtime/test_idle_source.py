@@ -20,11 +20,9 @@ import redis
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sinks import FileSink
-from sparkpoint.connectors.sources import Source
 from sparkpoint.events import InMemoryEventSink
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
-from sparkpoint.records import Batch
 from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.testing import ListSource, line_counts
 from sparkpoint.transport import Streams
@@ -40,24 +38,6 @@ EXPECTED = Counter(
 )
 
 
-class _Idle(Source):
-    """:data:`RECORDS`, then nothing, and no end: an unbounded source gone quiet."""
-
-    inner = ListSource(RECORDS, splits=2)
-
-    def split_ids(self) -> list[str]:
-        return self.inner.split_ids()
-
-    def total(self, split: int) -> int | None:
-        return None
-
-    def available(self, split: int, elapsed_s: float) -> int | None:
-        return self.inner.total(split)
-
-    def read(self, split: int, start: int, end: int) -> Batch:
-        return self.inner.read(split, start, end)
-
-
 def _driver(base: Path, name: str, events: InMemoryEventSink | None, **more: Any) -> JobDriver:
     options = JobOptions(
         job_id=f"idle-{name}",
@@ -70,7 +50,7 @@ def _driver(base: Path, name: str, events: InMemoryEventSink | None, **more: Any
     )
     env = StreamExecutionEnvironment(options)
     (
-        env.from_source(_Idle(), uid="events")
+        env.from_source(ListSource(RECORDS, splits=2, bounded=False), uid="events")
         .key_by("app_id")
         .count(uid="pv", output="pv")
         .sink_to(FileSink(str(base / "out")), uid="sink")

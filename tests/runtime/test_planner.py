@@ -20,10 +20,9 @@ import pytest
 from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
 from sparkpoint.connectors.sinks import FileSink
-from sparkpoint.connectors.sources import GeneratorSource, Source
+from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
-from sparkpoint.records import Batch
 from sparkpoint.runtime import driver
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.planner import (
@@ -315,10 +314,8 @@ def test_an_idle_source_is_waited_for_at_most_as_long_as_asked() -> None:
     after ``wait_ms`` instead of waiting for ever, so that the job can see a signal, a command
     or a checkpoint that is due meanwhile."""
     clock = ManualClock()
-    source = ListSource(tuple(range(10)), splits=2)
-    idle = _Unbounded(source)
     planner = EpochPlanner(
-        idle,
+        ListSource(tuple(range(10)), splits=2, bounded=False),
         clock,
         target_ms=TARGET_MS,
         min_records=1_000,
@@ -334,22 +331,3 @@ def test_an_idle_source_is_waited_for_at_most_as_long_as_asked() -> None:
     assert [(r.start, r.end) for r in ranges] == [(5, 5), (5, 5)]
     assert clock.monotonic_ms() - before == 250
     assert not planner.exhausted()
-
-
-class _Unbounded(Source):
-    """A source that has what ``inner`` has and never ends (no total)."""
-
-    def __init__(self, inner: ListSource) -> None:
-        self.inner = inner
-
-    def split_ids(self) -> list[str]:
-        return self.inner.split_ids()
-
-    def total(self, split: int) -> int | None:
-        return None
-
-    def available(self, split: int, elapsed_s: float) -> int | None:
-        return self.inner.total(split)
-
-    def read(self, split: int, start: int, end: int) -> Batch:
-        return self.inner.read(split, start, end)
