@@ -67,7 +67,10 @@ def product_parser() -> argparse.ArgumentParser:
         help="run without a control plane: this process is the checkpoint authority",
     )
     job.add_argument(
-        "--job-id", help="the job's id (default: a new random one; the same id resumes)"
+        "--job-id",
+        help="the job's id (default: a new random one). Connected, the same id runs the job "
+        "again from the newest checkpoint of its line; --standalone, it continues the "
+        "checkpoint ids but starts from --from-checkpoint or the beginning",
     )
     job.add_argument(
         "--parallelism",
