@@ -275,3 +275,48 @@ def test_a_new_driver_resumes_from_the_checkpointed_ids_and_reads_new_entries_on
         assert watch.last_delivered(key) > acknowledged[key]
         ((last_id, _),) = cast("list[tuple[bytes, Any]]", client.xrevrange(key, count=1))
         assert format_entry_id(watch.last_delivered(key)) == last_id.decode()
+
+
+def test_a_restore_past_entries_trimmed_unread_fails_and_commits_nothing_more(
+    spark: Any, tmp_path: Path, streams: Streams, client: redis.Redis
+) -> None:
+    key = f"{streams.prefix}:events"
+    add(client, key, 1_200)
+    ids = [entry_id.decode() for entry_id, _ in cast("list[Any]", client.xrange(key))]
+
+    def source() -> RedisStreamSource:
+        return RedisStreamSource(REDIS_URL, [key], group="trimmed", until_id=ids[-1])
+
+    out = str(tmp_path / "out")
+    watch = GroupWatch(client, [key], "trimmed")
+    with pytest.raises(JobFailedError, match="injected failure"):
+        run_job(
+            spark,
+            tmp_path,
+            "first",
+            source(),
+            out,
+            restart="none",
+            failure=FailureInjection("keyed", subtask=0, records=20, at_epoch=3),
+            watch=watch,
+        )
+    latest = max(completed_positions(watch))
+    committed = line_counts(out)
+    acknowledged = format_entry_id(watch.last_delivered(key))
+    assert committed and acknowledged in ids[:-100]
+    # The stream is trimmed 50 entries past what the checkpoint covers: they were never read.
+    client.xtrim(key, minid=ids[ids.index(acknowledged) + 51], approximate=False)
+    chk = tmp_path / "first" / "chk" / "redis-first" / f"chk-{latest}"
+    with pytest.raises(JobFailedError, match="left the stream before the job read it"):
+        run_job(
+            spark,
+            tmp_path,
+            "second",
+            source(),
+            out,
+            restart="none",
+            from_checkpoint=f"file://{chk}",
+            watch=watch,
+        )
+    assert line_counts(out) == committed  # no output without the trimmed entries
+    assert format_entry_id(watch.last_delivered(key)) == acknowledged

@@ -31,20 +31,25 @@ source is unbounded and the job runs until it is stopped.
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
 import redis
 
+from sparkpoint.connectors.redis_positions import (
+    MAX_SEQ,
+    Anchor,
+    EntryId,
+    as_str,
+    format_entry_id,
+    parse_entry_id,
+)
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.records import Batch
 from sparkpoint.redis_connection import shared_client
 
-_ENTRY_ID = re.compile(r"^(\d+)(?:-(\d+))?$")
-_MAX_SEQ = 2**64 - 1
 #: At most this many entries are counted per split in one ``available`` call (a backlog is
 #: discovered over a few epochs instead of delaying the first one).
 SCAN_LIMIT = 200_000
@@ -64,38 +69,12 @@ class RedisSourceError(SparkpointError):
     """The stream no longer holds entries that a position of the source needs."""
 
 
-EntryId = tuple[int, int]
-
-
-def parse_entry_id(text: str, what: str, *, open_seq: int = 0) -> EntryId:
-    """``"<ms>-<seq>"`` (or ``"<ms>"``, whose sequence is ``open_seq``) as a comparable pair.
-
-    Raises:
-        ConfigurationError: ``text`` is not an entry id (``what`` names the option).
-    """
-    match = _ENTRY_ID.match(text.strip())
-    if match is None:
-        raise ConfigurationError(
-            f"{what} must be a Redis entry id like 1700000000000-0, not {text!r}"
-        )
-    ms, seq = match.groups()
-    return int(ms), int(seq) if seq is not None else open_seq
-
-
-def format_entry_id(entry_id: EntryId) -> str:
-    return f"{entry_id[0]}-{entry_id[1]}"
-
-
 def _ids_after(url: str, stream: str, start: str, end: str, count: int) -> list[bytes]:
     """``XRANGE stream start end COUNT count``, ids only."""
     script = _SCRIPTS.get(url)
     if script is None:
         script = _SCRIPTS[url] = shared_client(url).register_script(_IDS_AFTER)
     return cast("list[bytes]", script(keys=[stream], args=[start, end, count]))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 class RedisStreamSource(Source):
@@ -116,6 +95,10 @@ class RedisStreamSource(Source):
         metadata: Add ``stream`` and ``entry_id`` to every record.
         retained_anchors: Anchors kept per split (completed positions and read ranges); a
             restore to an older position scans from ``start_id``.
+
+    A read never skips an entry that left the stream (trimmed, deleted) before it was read:
+    it raises :class:`RedisSourceError` naming it, and the job fails over to its last
+    checkpoint instead of committing output without it.
     """
 
     resettable: ClassVar[bool] = True
@@ -150,7 +133,7 @@ class RedisStreamSource(Source):
         self.splits_per_stream = splits_per_stream
         self.start = parse_entry_id(start_id, "start_id")
         self.until = (
-            None if until_id is None else parse_entry_id(until_id, "until_id", open_seq=_MAX_SEQ)
+            None if until_id is None else parse_entry_id(until_id, "until_id", open_seq=MAX_SEQ)
         )
         if self.until is not None and self.until <= self.start:
             raise ConfigurationError(f"until_id {until_id} must come after start_id {start_id}")
@@ -163,7 +146,7 @@ class RedisStreamSource(Source):
         self._scanned: dict[int, tuple[int, EntryId]] = {}  # driver: split -> (count, last id)
         self._totals: dict[int, int] = {}  # driver: totals of bounded splits, once known
         self._committed: dict[int, int] = {}  # driver: split -> offset of the last commit
-        self._cursors: dict[int, tuple[int, EntryId]] = {}  # task: split -> (offset, id)
+        self._cursors: dict[int, Anchor] = {}  # task: split -> where its last read ended
         self._groups_ready = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -208,36 +191,45 @@ class RedisStreamSource(Source):
     # ------------------------------------------------------------------ reading
     def _entries_after(
         self, split: int, after: EntryId, wanted: int
-    ) -> tuple[list[tuple[bytes, dict[bytes, bytes]]], EntryId]:
-        """Up to ``wanted`` entries of the split after ``after`` (up to ``until_id``), and
-        the id of the last entry looked at (of this split or not)."""
+    ) -> tuple[list[tuple[bytes, dict[bytes, bytes]]], EntryId, EntryId | None]:
+        """Up to ``wanted`` entries of the split after ``after`` (up to ``until_id``), the id
+        of the last entry looked at up to them (of this split or not), and the id of the
+        split's entry after them when the last page showed it."""
         stream, _ = self._stream(split)
         client = shared_client(self.url)
         end = "+" if self.until is None else format_entry_id(self.until)
         out: list[tuple[bytes, dict[bytes, bytes]]] = []
-        last = after
+        last, following = after, None
         while len(out) < wanted:
             count = (wanted - len(out)) * self.splits_per_stream
             page = cast(
                 "list[tuple[bytes, dict[bytes, bytes]]]",
-                client.xrange(stream, f"({format_entry_id(last)}", end, count=max(count, 64)),
+                client.xrange(
+                    stream,
+                    f"({format_entry_id(last)}",
+                    end,
+                    count=max(count + self.splits_per_stream, 64),
+                ),
             )
             for raw_id, fields in page:
-                if self._belongs(split, raw_id):
+                if not self._belongs(split, raw_id):
+                    if len(out) < wanted:
+                        last = parse_entry_id(as_str(raw_id), "entry id")
+                elif len(out) < wanted:
                     out.append((raw_id, fields))
-                    if len(out) == wanted:
-                        last = parse_entry_id(_text(raw_id), "entry id")
-                        break
-                last = parse_entry_id(_text(raw_id), "entry id")
+                    last = parse_entry_id(as_str(raw_id), "entry id")
+                else:
+                    following = parse_entry_id(as_str(raw_id), "entry id")
+                    break
             if len(page) < count or not page:
                 break
-        return out, last
+        return out, last, following
 
-    def _anchor_at_or_before(self, split: int, offset: int) -> tuple[int, EntryId]:
-        """The best known (offset, id) at or before ``offset``: this task's cursor, an
-        anchor in Redis, else the split's start."""
+    def _anchor_at_or_before(self, split: int, offset: int) -> Anchor:
+        """The best known anchor at or before ``offset``: this task's cursor, an anchor in
+        Redis, else the split's start."""
         cursor = self._cursors.get(split)
-        if cursor is not None and cursor[0] == offset:
+        if cursor is not None and cursor.offset == offset:
             return cursor
         found = cast(
             "list[bytes]",
@@ -245,28 +237,33 @@ class RedisStreamSource(Source):
                 self.anchors_key(split), offset, "-inf", start=0, num=1
             ),
         )
-        if found:
-            at, _, entry = _text(found[0]).partition(":")
-            return int(at), parse_entry_id(entry, "anchor")
-        return 0, self.start
+        return Anchor.parse(found[0]) if found else Anchor(0, self.start)
 
-    def _seek(self, split: int, offset: int) -> EntryId:
-        """The id of the entry just before ``offset`` (the split's start for offset 0)."""
-        at, entry_id = self._anchor_at_or_before(split, offset)
-        if at < offset:
-            skipped, _ = self._entries_after(split, entry_id, offset - at)
-            if len(skipped) < offset - at:
-                raise self._missing(split, offset, at + len(skipped))
-            entry_id = parse_entry_id(_text(skipped[-1][0]), "entry id")
-            self._remember(split, offset, entry_id)
-        return entry_id
+    def _seek(self, split: int, offset: int) -> Anchor:
+        """The anchor of ``offset``: the id of the entry just before it (the split's start
+        for offset 0), checked to still be followed by what followed it."""
+        anchor = self._anchor_at_or_before(split, offset)
+        if anchor.offset < offset:
+            skipped, _, following = self._entries_after(
+                split, anchor.entry_id, offset - anchor.offset
+            )
+            self._check_continues(split, anchor, skipped)
+            if len(skipped) < offset - anchor.offset:
+                raise self._missing(split, offset, anchor.offset + len(skipped))
+            last = parse_entry_id(as_str(skipped[-1][0]), "entry id")
+            anchor = Anchor(offset, last, following)
+            self._remember(split, anchor)
+        return anchor
 
-    def _remember(self, split: int, offset: int, entry_id: EntryId) -> None:
-        """Keep (offset, id) as this task's cursor and as an anchor in Redis."""
-        self._cursors[split] = (offset, entry_id)
-        if offset > 0:
-            member = f"{offset}:{format_entry_id(entry_id)}"
-            shared_client(self.url).zadd(self.anchors_key(split), {member: offset})
+    def _remember(self, split: int, anchor: Anchor) -> None:
+        """Keep ``anchor`` as this task's cursor and in Redis (one anchor per offset)."""
+        self._cursors[split] = anchor
+        if anchor.offset > 0:
+            key = self.anchors_key(split)
+            pipe = shared_client(self.url).pipeline(transaction=True)
+            pipe.zremrangebyscore(key, anchor.offset, anchor.offset)
+            pipe.zadd(key, {anchor.member(): anchor.offset})
+            pipe.execute()
 
     def _missing(self, split: int, offset: int, found: int) -> RedisSourceError:
         return RedisSourceError(
@@ -275,22 +272,77 @@ class RedisStreamSource(Source):
             "deleted before a checkpoint covered them"
         )
 
+    def _entries_added(self, stream: str) -> int | None:
+        """How many entries were ever added to ``stream`` (Redis 7+; None before)."""
+        added = shared_client(self.url).xinfo_stream(stream).get("entries-added")
+        return None if added is None else int(added)
+
+    def _check_continues(
+        self, split: int, anchor: Anchor, entries: list[tuple[bytes, dict[bytes, bytes]]]
+    ) -> None:
+        """Refuse to read on from ``anchor`` when entries that followed it are gone.
+
+        Trimming removes a stream's oldest entries, so what a completed checkpoint covers may
+        go; an entry the job has not read yet may not: reading on would skip it silently.
+        Known when the anchor saw the split's next entry (it must still come first), or, for
+        an anchor at the end of a stream read as one split, from Redis 7's count of entries
+        ever added: once the anchor's entry is trimmed too, every entry left came after it.
+        """
+        stream, _ = self._stream(split)
+        first = parse_entry_id(as_str(entries[0][0]), "entry id") if entries else None
+        after = f"entry {format_entry_id(anchor.entry_id)} (offset {anchor.offset})"
+        if anchor.following is not None:
+            if first is None or first > anchor.following:
+                following = format_entry_id(anchor.following)
+                raise self._lost(
+                    split,
+                    f"entry {following}, the next after {after}, left the stream before the "
+                    "job read it",
+                )
+        elif anchor.added is not None:
+            info = shared_client(self.url).xinfo_stream(stream)
+            head = info.get("first-entry")
+            if head is None or parse_entry_id(as_str(head[0]), "entry id") > anchor.entry_id:
+                lost = int(info["entries-added"]) - anchor.added - int(info["length"])
+                if lost > 0:
+                    raise self._lost(
+                        split,
+                        f"{lost} entries added after {after} left the stream before the job "
+                        "read them",
+                    )
+
+    def _lost(self, split: int, what: str) -> RedisSourceError:
+        return RedisSourceError(
+            f"split {self.split_ids()[split]} of {self!r}: {what}: trimmed (XTRIM, XADD "
+            "MAXLEN) or deleted. The job cannot go on "
+            "from this position without them; trim only what the consumer group "
+            f"{self.group!r} acknowledged"
+        )
+
     def read(self, split: int, start: int, end: int) -> Batch:
         """Entries ``[start, end)`` of the split: ``XRANGE`` from the entry id at ``start``."""
         if end <= start:
             return Batch.of_rows([])
         after = self._seek(split, start)
-        entries, _ = self._entries_after(split, after, end - start)
+        entries, _, following = self._entries_after(split, after.entry_id, end - start)
+        self._check_continues(split, after, entries)
         if len(entries) < end - start:
             raise self._missing(split, end, start + len(entries))
-        self._remember(split, end, parse_entry_id(_text(entries[-1][0]), "entry id"))
         stream, _ = self._stream(split)
+        # At the stream's end nothing follows yet: what was added by then tells later reads
+        # whether an entry came and left before they ran. Not for a stream of several
+        # splits: entries of its other splits after this one's may be acknowledged and
+        # trimmed before this split reads on.
+        at_end = following is None and self.splits_per_stream == 1
+        added = self._entries_added(stream) if at_end else None
+        last = parse_entry_id(as_str(entries[-1][0]), "entry id")
+        self._remember(split, Anchor(end, last, following, added))
         rows = []
         for raw_id, fields in entries:
-            row = {_text(k): _text(v) for k, v in fields.items()}
+            row = {as_str(k): as_str(v) for k, v in fields.items()}
             if self.metadata:
                 row["stream"] = stream
-                row["entry_id"] = _text(raw_id)
+                row["entry_id"] = as_str(raw_id)
             rows.append(row)
         return Batch.of_rows(rows)
 
@@ -305,8 +357,8 @@ class RedisStreamSource(Source):
                 "list[bytes]", shared_client(self.url).zrevrange(self.anchors_key(split), 0, 0)
             )
             if found:
-                at, _, entry = _text(found[0]).partition(":")
-                self._scanned[split] = (int(at), parse_entry_id(entry, "anchor"))
+                anchor = Anchor.parse(found[0])
+                self._scanned[split] = (anchor.offset, anchor.entry_id)
             else:
                 self._scanned[split] = (0, self.start)
         count, last = self._scanned[split]
@@ -317,7 +369,7 @@ class RedisStreamSource(Source):
             ids = _ids_after(self.url, stream, f"({format_entry_id(last)}", end, SCAN_PAGE)
             count += sum(1 for entry_id in ids if self._belongs(split, entry_id))
             if ids:
-                last = parse_entry_id(_text(ids[-1]), "entry id")
+                last = parse_entry_id(as_str(ids[-1]), "entry id")
             looked += len(ids)
             if len(ids) < SCAN_PAGE:
                 break
@@ -340,7 +392,7 @@ class RedisStreamSource(Source):
             info = shared_client(self.url).xinfo_stream(stream)
         except redis.ResponseError:  # no such stream yet
             return None
-        if parse_entry_id(_text(info["last-generated-id"]), "last id") < self.until:
+        if parse_entry_id(as_str(info["last-generated-id"]), "last id") < self.until:
             return None
         self._totals[split] = self._count(split, None)
         return self._totals[split]
@@ -363,7 +415,7 @@ class RedisStreamSource(Source):
         """The id of the last entry before ``offset`` (what position ``offset`` stands for)."""
         if offset == 0:
             return self.start
-        return self._seek(split, offset)
+        return self._seek(split, offset).entry_id
 
     def covered_through(self, split: int, entry_id: EntryId) -> EntryId:
         """The highest id below which every entry of the split is read, when the split was read
@@ -372,11 +424,11 @@ class RedisStreamSource(Source):
         ``entry_id`` itself."""
         if self.splits_per_stream == 1:
             return entry_id
-        following, last_seen = self._entries_after(split, entry_id, 1)
+        following, last_seen, _ = self._entries_after(split, entry_id, 1)
         if not following:  # none of the split's entries after it in the stream (so far)
             return last_seen
-        ms, seq = parse_entry_id(_text(following[0][0]), "entry id")
-        return (ms, seq - 1) if seq > 0 else (ms - 1, _MAX_SEQ)
+        ms, seq = parse_entry_id(as_str(following[0][0]), "entry id")
+        return (ms, seq - 1) if seq > 0 else (ms - 1, MAX_SEQ)
 
     def notify_checkpoint_complete(self, checkpoint_id: int, positions: dict[str, int]) -> None:
         """Acknowledge what checkpoint ``checkpoint_id`` covers: move each stream's consumer
@@ -416,6 +468,6 @@ class RedisStreamSource(Source):
     def group_last_delivered(self, stream: str) -> EntryId:
         """The last-delivered id of the source's consumer group on ``stream``."""
         for info in shared_client(self.url).xinfo_groups(stream):
-            if _text(info["name"]) == self.group:
-                return parse_entry_id(_text(info["last-delivered-id"]), "last-delivered-id")
+            if as_str(info["name"]) == self.group:
+                return parse_entry_id(as_str(info["last-delivered-id"]), "last-delivered-id")
         raise RedisSourceError(f"stream {stream} has no consumer group {self.group!r}")

@@ -191,6 +191,90 @@ def test_a_new_driver_resumes_after_acknowledged_entries_were_trimmed(
     assert restarted.entry_id_at(0, 12) == parse_entry_id(ids[11], "id")
 
 
+def test_a_read_refuses_to_skip_entries_trimmed_before_it_read_them(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 20)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert source.available(0, 0.0) == 20
+    assert ns(fresh(source), 0, 0, 5) == list(range(5))
+    client.xtrim(stream, minid=ids[8], approximate=False)  # 5, 6 and 7 were never read
+    with pytest.raises(RedisSourceError, match=f"entry {ids[5]}, the next after entry {ids[4]}"):
+        fresh(source).read(0, 5, 10)
+    with pytest.raises(RedisSourceError, match="left the stream before the job read it"):
+        RedisStreamSource(REDIS_URL, [stream], group="g").entry_id_at(0, 10)
+
+
+def test_a_split_of_a_shared_stream_notices_its_own_entries_trimmed(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 40)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=2)
+    mine = [i for i, entry_id in enumerate(ids) if source._belongs(0, entry_id.encode())]
+    fresh(source).read(0, 0, 3)
+    client.xtrim(stream, minid=ids[mine[4]], approximate=False)  # the split's 4th entry left
+    with pytest.raises(RedisSourceError, match=f"entry {ids[mine[3]]}, the next after"):
+        fresh(source).read(0, 3, 6)
+
+
+def test_entries_added_after_a_read_at_the_end_and_trimmed_unread_are_noticed(
+    client: redis.Redis, stream: str
+) -> None:
+    add(client, stream, 5)
+    if "entries-added" not in client.xinfo_stream(stream):
+        pytest.skip("Redis before 7 does not count the entries ever added to a stream")
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert source.available(0, 0.0) == 5
+    assert ns(fresh(source), 0, 0, 5) == list(range(5))  # the whole stream: nothing follows
+    add(client, stream, 15, first=5)
+    client.xtrim(stream, maxlen=10, approximate=False)  # a capped stream while the job was down
+    restarted = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert restarted.available(0, 0.0) == 15
+    with pytest.raises(RedisSourceError, match=r"5 entries added after entry \S+ \(offset 5\)"):
+        fresh(restarted).read(0, 5, 10)
+
+
+def test_trimming_what_was_read_at_the_end_leaves_the_next_read_alone(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 5)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert source.available(0, 0.0) == 5
+    fresh(source).read(0, 0, 5)
+    source.notify_checkpoint_complete(1, {source.split_ids()[0]: 5})
+    ids += add(client, stream, 15, first=5)
+    client.xtrim(stream, minid=ids[5], approximate=False)  # everything the checkpoint covers
+    restarted = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert restarted.available(0, 0.0) == 20
+    assert ns(fresh(restarted), 0, 5, 20) == list(range(5, 20))
+
+
+def test_a_stream_of_several_splits_trimmed_up_to_its_group_reads_on(
+    client: redis.Redis, stream: str
+) -> None:
+    first = add(client, stream, 20)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=2)
+    sizes = [source.available(i, 0.0) for i in range(2)]
+    for i in range(2):
+        fresh(source).read(i, 0, sizes[i])  # each split to the stream's end
+    # Five entries of split 1 only; it reads them, and a checkpoint covers all of it.
+    ms = parse_entry_id(first[-1], "id")[0] + 1
+    own = [f"{ms}-{seq}" for seq in range(64) if source._belongs(1, f"{ms}-{seq}".encode())]
+    for n, entry_id in enumerate(own[:5], start=20):
+        client.xadd(stream, {"user": "u0", "n": str(n)}, id=entry_id)
+    assert ns(fresh(source), 1, sizes[1], source.available(1, 0.0)) == list(range(20, 25))
+    positions = [sizes[0], sizes[1] + 5]
+    source.notify_checkpoint_complete(1, dict(zip(source.split_ids(), positions, strict=True)))
+    assert group_id(client, stream, "g") == own[4]
+    # All the group acknowledged leaves, with split 1's entries after split 0's last read.
+    later = add(client, stream, 20, first=25)
+    client.xtrim(stream, minid=later[0], approximate=False)
+    restarted = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=2)
+    counts = [restarted.available(i, 0.0) for i in range(2)]
+    read = [n for i in range(2) for n in ns(fresh(restarted), i, positions[i], counts[i])]
+    assert sorted(read) == list(range(25, 45))
+
+
 def test_anchors_between_completed_positions_are_dropped(client: redis.Redis, stream: str) -> None:
     add(client, stream, 30)
     source = RedisStreamSource(REDIS_URL, [stream], group="g")

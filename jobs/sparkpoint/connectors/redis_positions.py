@@ -1,0 +1,75 @@
+"""Positions in a Redis stream: entry ids, and the anchors that tie a split's offsets to them.
+
+An anchor is stored as a member of the split's sorted set (score: its offset), e.g.
+``120:1700000000000-3:next=1700000000000-4`` or ``120:1700000000000-3:added=512``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from sparkpoint.errors import ConfigurationError
+
+ENTRY_ID_PATTERN = re.compile(r"^(\d+)(?:-(\d+))?$")
+MAX_SEQ = 2**64 - 1
+
+
+def as_str(value: bytes | str) -> str:
+    """A Redis reply as text."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+EntryId = tuple[int, int]
+
+
+def parse_entry_id(text: str, what: str, *, open_seq: int = 0) -> EntryId:
+    """``"<ms>-<seq>"`` (or ``"<ms>"``, whose sequence is ``open_seq``) as a comparable pair.
+
+    Raises:
+        ConfigurationError: ``text`` is not an entry id (``what`` names the option).
+    """
+    match = ENTRY_ID_PATTERN.match(text.strip())
+    if match is None:
+        raise ConfigurationError(
+            f"{what} must be a Redis entry id like 1700000000000-0, not {text!r}"
+        )
+    ms, seq = match.groups()
+    return int(ms), int(seq) if seq is not None else open_seq
+
+
+def format_entry_id(entry_id: EntryId) -> str:
+    return f"{entry_id[0]}-{entry_id[1]}"
+
+
+class Anchor(NamedTuple):
+    """Where an offset of a split is in the stream: ``entry_id``, the split's last entry
+    before ``offset``; and what a read saw after it, to tell later whether unread entries
+    left the stream: ``following``, the split's next entry, or, when there was none yet,
+    ``added``, how many entries the stream had ever been given (Redis 7+)."""
+
+    offset: int
+    entry_id: EntryId
+    following: EntryId | None = None
+    added: int | None = None
+
+    def member(self) -> str:
+        """The anchor as a member of the split's sorted set (its score is the offset)."""
+        text = f"{self.offset}:{format_entry_id(self.entry_id)}"
+        if self.following is not None:
+            text += f":next={format_entry_id(self.following)}"
+        if self.added is not None:
+            text += f":added={self.added}"
+        return text
+
+    @classmethod
+    def parse(cls, member: bytes | str) -> Anchor:
+        offset, entry, *rest = as_str(member).split(":")
+        extra = dict(part.partition("=")[::2] for part in rest)
+        following = extra.get("next")
+        return cls(
+            int(offset),
+            parse_entry_id(entry, "anchor"),
+            None if following is None else parse_entry_id(following, "anchor"),
+            None if "added" not in extra else int(extra["added"]),
+        )
