@@ -200,6 +200,25 @@ def latest_checkpoint_path(
     )
 
 
+def fresh_start_warning(options: JobOptions, job_id: str, newest: int) -> str | None:
+    """What to tell a standalone run that starts from the beginning although the job's
+    directory holds completed checkpoints (``newest``: the id of the newest, 0 for none):
+    its sinks commit again what those checkpoints committed. None when nothing to say."""
+    if not options.standalone or options.from_checkpoint or options.checkpoint_dir is None:
+        return None
+    if newest <= 0:
+        return None
+    storage = checkpoint_storage_from_options(
+        options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
+    )
+    return (
+        f"sparkpoint run: job {job_id} completed checkpoints up to {newest} in "
+        f"{options.checkpoint_dir}; this run starts from the beginning (no --from-checkpoint) "
+        "and its sinks commit again what they committed. To go on where it was: "
+        f"--from-checkpoint {storage.checkpoint_path(job_id, newest)}"
+    )
+
+
 class _DriverProcess:
     """Runs driver processes one at a time, and turns SIGTERM/SIGINT into their cancel."""
 
@@ -328,6 +347,9 @@ def supervise(
     lock = (hold_run_lock(options.local_dir, job_id),) if options.standalone else ()
     strategy = job_restart_strategy(options)
     before = max(checkpoint_ids(options, job_id), default=0) if options.standalone else 0
+    warning = fresh_start_warning(options, job_id, before)
+    if warning is not None:
+        log(warning)
     fd, termination_log = tempfile.mkstemp(prefix=f"sparkpoint-{job_id}-", suffix=".cause")
     os.close(fd)
     # PYTHONSAFEPATH (Python 3.11+): the current directory is not put first on the driver's

@@ -11,14 +11,17 @@ from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError
 from sparkpoint.options import JobOptions, parse_job_options
 from sparkpoint.protocol import StateHandleModel
-from sparkpoint.supervisor import checkpoint_ids, latest_checkpoint_path
+from sparkpoint.supervisor import checkpoint_ids, fresh_start_warning, latest_checkpoint_path
 
 JOB = "job-sup"
 
 
+def _argv(checkpoint_dir: Path) -> list[str]:
+    return ["--job-id", JOB, "--standalone", "--checkpoint-dir", str(checkpoint_dir)]
+
+
 def _options(checkpoint_dir: Path) -> JobOptions:
-    argv = ["--job-id", JOB, "--standalone", "--checkpoint-dir", str(checkpoint_dir)]
-    return parse_job_options(argv, job_options=())[0]
+    return parse_job_options(_argv(checkpoint_dir), job_options=())[0]
 
 
 def _complete(storage: FileSystemCheckpointStorage, cid: int, handle: StateHandleModel) -> None:
@@ -114,3 +117,23 @@ def test_a_checkpoint_directory_that_cannot_be_listed_is_a_one_line_error(
         "cannot read --checkpoint-dir s3://no-such-bucket/chk: NoCredentialsError: "
         "Unable to locate credentials"
     )
+
+
+def test_a_run_from_the_beginning_over_completed_checkpoints_is_told_where_to_go_on(
+    tmp_path: Path,
+) -> None:
+    storage = FileSystemCheckpointStorage(str(tmp_path / "chk"))
+    for cid in (1, 2):
+        _complete(storage, cid, storage.write_state(JOB, cid, "pv-0", b"state"))
+    options = _options(tmp_path / "chk")
+    newest = max(checkpoint_ids(options, JOB))
+    warning = fresh_start_warning(options, JOB, newest)
+    assert warning is not None
+    assert "starts from the beginning" in warning
+    assert warning.endswith(f"--from-checkpoint {storage.checkpoint_path(JOB, 2)}")
+    resumed = parse_job_options(
+        [*_argv(tmp_path / "chk"), "--from-checkpoint", storage.checkpoint_path(JOB, 2)],
+        job_options=(),
+    )[0]
+    assert fresh_start_warning(resumed, JOB, newest) is None
+    assert fresh_start_warning(options, JOB, 0) is None  # a new job: nothing to repeat
