@@ -277,18 +277,27 @@ def test_a_new_driver_resumes_from_the_checkpointed_ids_and_reads_new_entries_on
         assert format_entry_id(watch.last_delivered(key)) == last_id.decode()
 
 
-def test_a_restore_past_entries_trimmed_unread_fails_and_commits_nothing_more(
-    spark: Any, tmp_path: Path, streams: Streams, client: redis.Redis
+@pytest.mark.parametrize(
+    ("damage", "refusal"),
+    [
+        # Trimmed 50 entries past what the checkpoint covers: they were never read.
+        ("trim", "left the stream before the job read it"),
+        # Redis restarted without persistence: stream and anchors gone, a new stream written.
+        ("lost", "Redis holds none of its anchors"),
+    ],
+)
+def test_a_restore_past_entries_the_stream_lost_fails_and_commits_nothing_more(
+    spark: Any, tmp_path: Path, streams: Streams, client: redis.Redis, damage: str, refusal: str
 ) -> None:
     key = f"{streams.prefix}:events"
     add(client, key, 1_200)
     ids = [entry_id.decode() for entry_id, _ in cast("list[Any]", client.xrange(key))]
 
     def source() -> RedisStreamSource:
-        return RedisStreamSource(REDIS_URL, [key], group="trimmed", until_id=ids[-1])
+        return RedisStreamSource(REDIS_URL, [key], group="damaged")
 
     out = str(tmp_path / "out")
-    watch = GroupWatch(client, [key], "trimmed")
+    watch = GroupWatch(client, [key], "damaged")
     with pytest.raises(JobFailedError, match="injected failure"):
         run_job(
             spark,
@@ -304,10 +313,13 @@ def test_a_restore_past_entries_trimmed_unread_fails_and_commits_nothing_more(
     committed = line_counts(out)
     acknowledged = format_entry_id(watch.last_delivered(key))
     assert committed and acknowledged in ids[:-100]
-    # The stream is trimmed 50 entries past what the checkpoint covers: they were never read.
-    client.xtrim(key, minid=ids[ids.index(acknowledged) + 51], approximate=False)
+    if damage == "trim":
+        client.xtrim(key, minid=ids[ids.index(acknowledged) + 51], approximate=False)
+    else:
+        client.delete(*client.scan_iter(match=f"{key}*"))
+        add(client, key, 1_200)
     chk = tmp_path / "first" / "chk" / "redis-first" / f"chk-{latest}"
-    with pytest.raises(JobFailedError, match="left the stream before the job read it"):
+    with pytest.raises(JobFailedError, match=refusal):
         run_job(
             spark,
             tmp_path,
@@ -318,5 +330,6 @@ def test_a_restore_past_entries_trimmed_unread_fails_and_commits_nothing_more(
             from_checkpoint=f"file://{chk}",
             watch=watch,
         )
-    assert line_counts(out) == committed  # no output without the trimmed entries
-    assert format_entry_id(watch.last_delivered(key)) == acknowledged
+    assert line_counts(out) == committed  # no output without the entries the stream lost
+    if damage == "trim":
+        assert format_entry_id(watch.last_delivered(key)) == acknowledged

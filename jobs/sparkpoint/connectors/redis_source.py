@@ -243,6 +243,16 @@ class RedisStreamSource(Source):
         """The anchor of ``offset``: the id of the entry just before it (the split's start
         for offset 0), checked to still be followed by what followed it."""
         anchor = self._anchor_at_or_before(split, offset)
+        if anchor.offset == 0 < offset and not shared_client(self.url).exists(
+            self.anchors_key(split)
+        ):
+            raise RedisSourceError(
+                f"split {self.split_ids()[split]} of {self!r} resumes at offset {offset}, but "
+                f"Redis holds none of its anchors ({self.anchors_key(split)}): Redis lost its "
+                "data (restarted without persistence, flushed) or the source's group or "
+                "start_id changed since. Its offsets cannot be found in the stream as it is "
+                "now: start the job without this checkpoint"
+            )
         if anchor.offset < offset:
             skipped, _, following = self._entries_after(
                 split, anchor.entry_id, offset - anchor.offset
