@@ -24,6 +24,13 @@ a checkpoint completed and its sinks committed, moves the group's last-delivered
 read as several splits: the lowest of them, below which every split is complete). The group
 shows what the job has committed; a job that fails never moves it.
 
+Entries the job has not read may not leave the stream: a read checks that the entry that
+followed its anchor when the anchor was written (``next=`` in the anchor) is still first, and,
+for an anchor that saw none, that the stream was not trimmed past what the group acknowledged
+(``<stream>:sparkpoint:<group>:acknowledged``: the entry after the group's id, or the count of
+entries ever added when none followed). A split resumed past offset 0 whose anchors are all
+gone (Redis lost its data) is refused too: its offsets no longer count the stream's entries.
+
 Bounded on request: with ``until_id`` a split ends at its last entry with id <= ``until_id``;
 its total is known once the stream has an entry at or after ``until_id``. Without it the
 source is unbounded and the job runs until it is stopped.
@@ -43,7 +50,9 @@ from sparkpoint.connectors.redis_positions import (
     EntryId,
     as_str,
     format_entry_id,
+    loss_past_acknowledged,
     parse_entry_id,
+    record_acknowledged,
 )
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError, SparkpointError
@@ -98,7 +107,7 @@ class RedisStreamSource(Source):
 
     A read never skips an entry that left the stream (trimmed, deleted) before it was read:
     it raises :class:`RedisSourceError` naming it, and the job fails over to its last
-    checkpoint instead of committing output without it.
+    checkpoint instead of committing output without it (see the module's docstring).
     """
 
     resettable: ClassVar[bool] = True
@@ -282,11 +291,6 @@ class RedisStreamSource(Source):
             "deleted before a checkpoint covered them"
         )
 
-    def _entries_added(self, stream: str) -> int | None:
-        """How many entries were ever added to ``stream`` (Redis 7+; None before)."""
-        added = shared_client(self.url).xinfo_stream(stream).get("entries-added")
-        return None if added is None else int(added)
-
     def _check_continues(
         self, split: int, anchor: Anchor, entries: list[tuple[bytes, dict[bytes, bytes]]]
     ) -> None:
@@ -294,32 +298,33 @@ class RedisStreamSource(Source):
 
         Trimming removes a stream's oldest entries, so what a completed checkpoint covers may
         go; an entry the job has not read yet may not: reading on would skip it silently.
-        Known when the anchor saw the split's next entry (it must still come first), or, for
-        an anchor at the end of a stream read as one split, from Redis 7's count of entries
-        ever added: once the anchor's entry is trimmed too, every entry left came after it.
+        Known when the anchor saw the split's next entry (it must still come first), else
+        from what the consumer group acknowledged (:meth:`_check_acknowledged`).
         """
-        stream, _ = self._stream(split)
+        if anchor.following is None:
+            self._check_acknowledged(split)
+            return
         first = parse_entry_id(as_str(entries[0][0]), "entry id") if entries else None
-        after = f"entry {format_entry_id(anchor.entry_id)} (offset {anchor.offset})"
-        if anchor.following is not None:
-            if first is None or first > anchor.following:
-                following = format_entry_id(anchor.following)
-                raise self._lost(
-                    split,
-                    f"entry {following}, the next after {after}, left the stream before the "
-                    "job read it",
-                )
-        elif anchor.added is not None:
-            info = shared_client(self.url).xinfo_stream(stream)
-            head = info.get("first-entry")
-            if head is None or parse_entry_id(as_str(head[0]), "entry id") > anchor.entry_id:
-                lost = int(info["entries-added"]) - anchor.added - int(info["length"])
-                if lost > 0:
-                    raise self._lost(
-                        split,
-                        f"{lost} entries added after {after} left the stream before the job "
-                        "read them",
-                    )
+        if first is None or first > anchor.following:
+            raise self._lost(
+                split,
+                f"entry {format_entry_id(anchor.following)}, the next after entry "
+                f"{format_entry_id(anchor.entry_id)} (offset {anchor.offset}), left the stream "
+                "before the job read it",
+            )
+
+    def _check_acknowledged(self, split: int) -> None:
+        """Refuse to read a stream trimmed past what the consumer group acknowledged
+        (:func:`~sparkpoint.connectors.redis_positions.loss_past_acknowledged`)."""
+        stream, _ = self._stream(split)
+        client = shared_client(self.url)
+        loss = loss_past_acknowledged(client, stream, self.acknowledged_key(stream))
+        if loss is not None:
+            raise self._lost(split, loss)
+
+    def acknowledged_key(self, stream: str) -> str:
+        """Where what the group acknowledged in ``stream`` is kept (:class:`Acknowledged`)."""
+        return f"{stream}:sparkpoint:{self.group}:acknowledged"
 
     def _lost(self, split: int, what: str) -> RedisSourceError:
         return RedisSourceError(
@@ -339,14 +344,8 @@ class RedisStreamSource(Source):
         if len(entries) < end - start:
             raise self._missing(split, end, start + len(entries))
         stream, _ = self._stream(split)
-        # At the stream's end nothing follows yet: what was added by then tells later reads
-        # whether an entry came and left before they ran. Not for a stream of several
-        # splits: entries of its other splits after this one's may be acknowledged and
-        # trimmed before this split reads on.
-        at_end = following is None and self.splits_per_stream == 1
-        added = self._entries_added(stream) if at_end else None
         last = parse_entry_id(as_str(entries[-1][0]), "entry id")
-        self._remember(split, Anchor(end, last, following, added))
+        self._remember(split, Anchor(end, last, following))
         rows = []
         for raw_id, fields in entries:
             row = {as_str(k): as_str(v) for k, v in fields.items()}
@@ -466,6 +465,7 @@ class RedisStreamSource(Source):
             safe = min(entry_ids[i] for i in splits)
             if safe > self.group_last_delivered(stream):
                 client.xgroup_setid(stream, self.group, format_entry_id(safe))
+                record_acknowledged(client, stream, self.acknowledged_key(stream), safe)
         # Step 3
         for i, offset in at.items():
             key = self.anchors_key(i)

@@ -218,21 +218,42 @@ def test_a_split_of_a_shared_stream_notices_its_own_entries_trimmed(
         fresh(source).read(0, 3, 6)
 
 
-def test_entries_added_after_a_read_at_the_end_and_trimmed_unread_are_noticed(
+def test_a_stream_trimmed_past_the_entry_after_the_groups_is_refused(
     client: redis.Redis, stream: str
 ) -> None:
-    add(client, stream, 5)
-    if "entries-added" not in client.xinfo_stream(stream):
-        pytest.skip("Redis before 7 does not count the entries ever added to a stream")
+    ids = add(client, stream, 5)
     source = RedisStreamSource(REDIS_URL, [stream], group="g")
     assert source.available(0, 0.0) == 5
-    assert ns(fresh(source), 0, 0, 5) == list(range(5))  # the whole stream: nothing follows
-    add(client, stream, 15, first=5)
+    fresh(source).read(0, 0, 5)  # to the stream's end: the read saw no next entry
+    ids += add(client, stream, 15, first=5)
+    source.notify_checkpoint_complete(1, {source.split_ids()[0]: 5})  # ids[5] follows the group
+    client.xtrim(stream, minid=ids[8], approximate=False)
+    expected = f"entry {ids[5]}, the next after the consumer group's acknowledged entry {ids[4]}"
+    with pytest.raises(RedisSourceError, match=expected):
+        fresh(source).read(0, 5, 10)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_entries_added_after_a_commit_at_the_end_and_trimmed_unread_are_noticed(
+    client: redis.Redis, stream: str, splits: int
+) -> None:
+    add(client, stream, 6)
+    if "entries-added" not in client.xinfo_stream(stream):
+        pytest.skip("Redis before 7 does not count the entries ever added to a stream")
+    source = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=splits)
+    sizes = [source.available(i, 0.0) for i in range(splits)]
+    for i in range(splits):
+        fresh(source).read(i, 0, sizes[i])  # the whole stream: nothing follows
+    source.notify_checkpoint_complete(1, dict(zip(source.split_ids(), sizes, strict=True)))
+    add(client, stream, 15, first=6)
     client.xtrim(stream, maxlen=10, approximate=False)  # a capped stream while the job was down
-    restarted = RedisStreamSource(REDIS_URL, [stream], group="g")
-    assert restarted.available(0, 0.0) == 15
-    with pytest.raises(RedisSourceError, match=r"5 entries added after entry \S+ \(offset 5\)"):
-        fresh(restarted).read(0, 5, 10)
+    restarted = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=splits)
+    counts = [restarted.available(i, 0.0) for i in range(splits)]
+    assert sum(counts) == 10 + sum(sizes)
+    split = next(i for i in range(splits) if counts[i] > sizes[i])
+    expected = r"5 entries added after the consumer group's acknowledged entry \S+ left"
+    with pytest.raises(RedisSourceError, match=expected):
+        fresh(restarted).read(split, sizes[split], counts[split])
 
 
 def test_trimming_what_was_read_at_the_end_leaves_the_next_read_alone(
