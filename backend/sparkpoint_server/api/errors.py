@@ -8,7 +8,8 @@
 - an unknown route to 404 ``"Not found: <path>"``, a wrong method to 405 with ``Allow``
   naming every method of the path;
 - the database away to 503 ``"the control plane's database is unavailable: <the driver's
-  first line>; retry"`` with ``Retry-After``, logged in one line: SQLAlchemy's
+  first line, without host, port or user>; retry"`` with ``Retry-After``, logged in one line
+  (with them): SQLAlchemy's
   ``OperationalError`` or ``InterfaceError`` (no connection, a full disk, a lock held too
   long) and its pool's ``TimeoutError`` (no connection free in time);
 - anything else to 500 ``"internal error: <ExceptionType>"``, logged with its stack trace,
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -139,6 +141,25 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+# What a database driver's message may name that an API caller need not learn: quoted names
+# (host, user, database), IPv4 addresses, ports and connection-string fields.
+_PRIVATE = (
+    (re.compile(r'"[^"]*"'), '"…"'),
+    (re.compile(r"'[^']*'"), "'…'"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "…"),
+    (re.compile(r"\bport \d+"), "port …"),
+    (re.compile(r"\b(host|hostaddr|user|dbname|password)=\S+"), r"\1=…"),
+)
+
+
+def public_cause(cause: str) -> str:
+    """``cause`` without the database's host, port, user or database name: what an answer
+    says (the log keeps them for the operator)."""
+    for pattern, replacement in _PRIVATE:
+        cause = pattern.sub(replacement, cause)
+    return cause
+
+
 def database_cause(exc: DBAPIError) -> str:
     """The first line of the database driver's own message (not SQLAlchemy's, which carries
     the statement and its values)."""
@@ -151,7 +172,7 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
     else:  # every pooled connection taken, none back in time: the database hangs
         cause = "no connection free in the pool in time"
     logger.warning("%s %s: database unavailable: %s", request.method, request.url.path, cause)
-    message = f"the control plane's database is unavailable: {cause}; retry"
+    message = f"the control plane's database is unavailable: {public_cause(cause)}; retry"
     return error_response(503, message, **{"Retry-After": str(DATABASE_RETRY_AFTER_S)})
 
 

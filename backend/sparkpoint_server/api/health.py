@@ -3,6 +3,7 @@ its engine running."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import APIRouter, Request
@@ -10,11 +11,13 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from sparkpoint_server.api.deps import SessionsDep, json_response
+from sparkpoint_server.api.errors import public_cause
 from sparkpoint_server.api.metrics import ingest_counters
 from sparkpoint_server.api.responses import Health, Unhealthy, answer
 from sparkpoint_server.engine_process import EngineUnavailableError
 from sparkpoint_server.storage.queries import ping
 
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
 
 
@@ -24,8 +27,8 @@ router = APIRouter(tags=["health"])
     description='`{"status": "ok"}` when the database answers `SELECT 1` and the engine (the '
     "process that coordinates, when the API runs in a process of its own) is running, with "
     "`ingest`: how far the control plane has read the events its jobs send; otherwise "
-    "503 with the database error, or saying that the engine is being started again. Never "
-    "needs a token.",
+    "503 with the database error (without its host, port or user), or saying that the "
+    "engine is being started again. Never needs a token.",
     response_model=None,
     responses={**answer(Health), **answer(Unhealthy, 503)},
 )
@@ -39,7 +42,8 @@ def healthz(request: Request, sessions: SessionsDep) -> JSONResponse:
             ping(session)
     except SQLAlchemyError as err:
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-        error = f"database unreachable: {type(err).__name__}: {reason}"
+        logger.warning("GET /healthz: database unreachable: %s: %s", type(err).__name__, reason)
+        error = f"database unreachable: {type(err).__name__}: {public_cause(reason)}"
         return json_response({"status": "unavailable", "errors": [error]}, 503)
     ingest = _ingest_progress(request)
     return json_response({"status": "ok", **({"ingest": ingest} if ingest else {})})

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from tests.support.ports import free_port
 
-from sparkpoint_server.api.errors import validation_messages
+from sparkpoint_server.api.errors import public_cause, validation_messages
 from sparkpoint_server.errors import ConflictError
 from sparkpoint_server.storage.db import create_db_engine
 
@@ -201,8 +201,9 @@ def test_the_openapi_document_lists_every_route(client: TestClient) -> None:
 def test_a_database_away_answers_503_naming_it_never_500(
     database: str, cause: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    port = free_port()
     url = (
-        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"
+        f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"
         if database == "postgresql"
         else f"sqlite:///{tmp_path / 'gone' / 'sparkpoint.db'}"
     )
@@ -218,5 +219,30 @@ def test_a_database_away_answers_503_naming_it_never_500(
         assert message.startswith("the control plane's database is unavailable: "), message
         assert cause in message and message.endswith("; retry")
         assert "SELECT" not in message  # no statement, no values
+        assert "127.0.0.1" not in message and str(port) not in message  # nor where it is
     assert not any(r.exc_info for r in caplog.records)  # one line each, no stack trace
+    if database == "postgresql":  # the operator's log names it
+        assert any(f"port {port}" in r.getMessage() for r in caplog.records)
+    health = client.get("/healthz")
+    assert health.status_code == 503 and cause in health.text
+    assert "127.0.0.1" not in health.text and str(port) not in health.text
     engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("cause", "public"),
+    [
+        (
+            'connection failed: connection to server at "10.1.2.3", port 5433 failed: timeout',
+            'connection failed: connection to server at "…", port … failed: timeout',
+        ),
+        (
+            'FATAL:  password authentication failed for user "sparkpoint"',
+            'FATAL:  password authentication failed for user "…"',
+        ),
+        ("invalid dsn: host=db.internal user=ops", "invalid dsn: host=… user=…"),
+        ("database or disk is full", "database or disk is full"),
+    ],
+)
+def test_a_database_cause_in_an_answer_names_no_host_port_or_user(cause: str, public: str) -> None:
+    assert public_cause(cause) == public
