@@ -134,6 +134,17 @@ def test_the_cards_show_status_uptime_restarts_throughput_and_heartbeat() -> Non
     ]
 
 
+def test_the_heartbeat_card_shows_the_drivers_liveness_beside_the_last_epoch() -> None:
+    restarting = {**JOB, "driver": {"heartbeat-interval": 10_000, "last-heartbeat": T0 + 121_000}}
+    assert texts(page.job_cards(restarting, SAMPLES)[-1]) == [
+        "Last heartbeat",
+        "4.00 s ago",
+        "02:23:32 UTC · last epoch 2.00 s ago",
+    ]
+    no_epoch = {**restarting, "throughput": {**JOB["throughput"], "last-heartbeat": None}}
+    assert texts(page.job_cards(no_epoch, SAMPLES)[-1])[-1] == "02:23:32 UTC · no epoch yet"
+
+
 def test_a_finished_job_shows_no_throughput_and_a_kept_total_is_used() -> None:
     finished = {**JOB, "state": "FINISHED", "throughput": {**JOB["throughput"], "records": 10**6}}
     cards = page.job_cards(finished, SAMPLES)

@@ -165,7 +165,8 @@ def source_lag(job: dict[str, Any]) -> tuple[str, str]:
 
 
 def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.Div]:
-    """Status, uptime, attempt, restarts, records/s, records, source lag, heartbeat age."""
+    """Status, uptime, attempt, restarts, records/s, records, source lag, heartbeat age
+    (:func:`heartbeat_card`)."""
     state = job.get("state") or "UNKNOWN"
     now = int(job.get("now") or 0)
     history = job.get("status-history") or []
@@ -196,8 +197,20 @@ def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.D
         ),
         stat("Records", total, total_detail),
         stat("Source lag", *source_lag(job)),
-        stat("Last heartbeat", fmt_age(now, heartbeat), clock(heartbeat)),
+        heartbeat_card(job, now, heartbeat),
     ]
+
+
+def heartbeat_card(job: dict[str, Any], now: int, epoch: int | None) -> html.Div:
+    """The driver's liveness heartbeat (sent every interval while its process lives, Flink's
+    TaskManager heartbeat) with the last epoch's age beside it: a driver that restarts its
+    job, or waits on a quiet source, runs no epoch but is alive. A driver that sends none:
+    the last epoch's heartbeat."""
+    alive = (job.get("driver") or {}).get("last-heartbeat")
+    if alive is None:
+        return stat("Last heartbeat", fmt_age(now, epoch), clock(epoch))
+    last_epoch = f"last epoch {fmt_age(now, epoch)}" if epoch is not None else "no epoch yet"
+    return stat("Last heartbeat", fmt_age(now, alive), f"{clock(alive)} · {last_epoch}")
 
 
 def checkpoints_card(answer: Any, now: int) -> html.Div:
