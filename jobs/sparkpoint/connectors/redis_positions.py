@@ -148,3 +148,33 @@ def loss_past_acknowledged(client: redis.Redis, stream: str, key: str) -> str | 
         if lost > 0:
             return f"{lost} entries added after {after} left the stream before the job read them"
     return None
+
+
+def loss_after_anchor(anchor: Anchor, entries: list[tuple[bytes, Any]]) -> str | None:
+    """What left the stream when ``entries``, read after ``anchor``, do not begin with the
+    entry that followed it (a read that saw it); None when they do, or nothing is known."""
+    if anchor.following is None:
+        return None
+    first = parse_entry_id(as_str(entries[0][0]), "entry id") if entries else None
+    if first is not None and first <= anchor.following:
+        return None
+    return (
+        f"entry {format_entry_id(anchor.following)}, the next after entry "
+        f"{format_entry_id(anchor.entry_id)} (offset {anchor.offset}), left the stream "
+        "before the job read it"
+    )
+
+
+def loss_within(anchors: list[Anchor], start: int, entries: list[tuple[bytes, Any]]) -> str | None:
+    """What left the stream when an anchor that an earlier read left among ``entries`` (read
+    from offset ``start``) names another entry than the one now at its offset: entries before
+    it were removed since (a restore to a position older than what was trimmed)."""
+    for anchor in anchors:
+        now = parse_entry_id(as_str(entries[anchor.offset - start - 1][0]), "entry id")
+        if now != anchor.entry_id:
+            return (
+                f"entry {format_entry_id(anchor.entry_id)} was the last before offset "
+                f"{anchor.offset} when the job read it, and is now {format_entry_id(now)}: "
+                f"entries after offset {start} left the stream before the job read them again"
+            )
+    return None

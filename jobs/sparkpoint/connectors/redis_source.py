@@ -28,8 +28,11 @@ Entries the job has not read may not leave the stream: a read checks that the en
 followed its anchor when the anchor was written (``next=`` in the anchor) is still first, and,
 for an anchor that saw none, that the stream was not trimmed past what the group acknowledged
 (``<stream>:sparkpoint:<group>:acknowledged``: the entry after the group's id, or the count of
-entries ever added when none followed). A split resumed past offset 0 whose anchors are all
-gone (Redis lost its data) is refused too: its offsets no longer count the stream's entries.
+entries ever added when none followed); and an anchor that an earlier read left within the
+range read must name the entry now at its offset (else entries before it left since: a
+restore to a position older than what was trimmed). A split resumed past offset 0 whose
+anchors are all gone (Redis lost its data) is refused too: its offsets no longer count the
+stream's entries.
 
 Bounded on request: with ``until_id`` a split ends at its last entry with id <= ``until_id``;
 its total is known once the stream has an entry at or after ``until_id``. Without it the
@@ -50,7 +53,9 @@ from sparkpoint.connectors.redis_positions import (
     EntryId,
     as_str,
     format_entry_id,
+    loss_after_anchor,
     loss_past_acknowledged,
+    loss_within,
     parse_entry_id,
     record_acknowledged,
 )
@@ -266,7 +271,7 @@ class RedisStreamSource(Source):
             skipped, _, following = self._entries_after(
                 split, anchor.entry_id, offset - anchor.offset
             )
-            self._check_continues(split, anchor, skipped)
+            self._check_read(split, anchor, skipped)
             if len(skipped) < offset - anchor.offset:
                 raise self._missing(split, offset, anchor.offset + len(skipped))
             last = parse_entry_id(as_str(skipped[-1][0]), "entry id")
@@ -291,47 +296,46 @@ class RedisStreamSource(Source):
             "deleted before a checkpoint covered them"
         )
 
-    def _check_continues(
+    def _check_read(
         self, split: int, anchor: Anchor, entries: list[tuple[bytes, dict[bytes, bytes]]]
     ) -> None:
-        """Refuse to read on from ``anchor`` when entries that followed it are gone.
-
-        Trimming removes a stream's oldest entries, so what a completed checkpoint covers may
-        go; an entry the job has not read yet may not: reading on would skip it silently.
-        Known when the anchor saw the split's next entry (it must still come first), else
-        from what the consumer group acknowledged (:meth:`_check_acknowledged`).
-        """
-        if anchor.following is None:
-            self._check_acknowledged(split)
-            return
-        first = parse_entry_id(as_str(entries[0][0]), "entry id") if entries else None
-        if first is None or first > anchor.following:
-            raise self._lost(
-                split,
-                f"entry {format_entry_id(anchor.following)}, the next after entry "
-                f"{format_entry_id(anchor.entry_id)} (offset {anchor.offset}), left the stream "
-                "before the job read it",
-            )
-
-    def _check_acknowledged(self, split: int) -> None:
-        """Refuse to read a stream trimmed past what the consumer group acknowledged
-        (:func:`~sparkpoint.connectors.redis_positions.loss_past_acknowledged`)."""
+        """Refuse ``entries``, read after ``anchor``, when entries the job had not read left
+        the stream before they were read (see the module's docstring): the entry that followed
+        the anchor, else what followed the group's acknowledged id, and every anchor an
+        earlier read left among the entries must agree with them."""
         stream, _ = self._stream(split)
         client = shared_client(self.url)
-        loss = loss_past_acknowledged(client, stream, self.acknowledged_key(stream))
+        loss = (
+            loss_past_acknowledged(client, stream, self.acknowledged_key(stream))
+            if anchor.following is None
+            else loss_after_anchor(anchor, entries)
+        )
         if loss is not None:
             raise self._lost(split, loss)
+        if entries:
+            end = anchor.offset + len(entries)
+            within = cast(
+                "list[bytes]",
+                client.zrangebyscore(self.anchors_key(split), f"({anchor.offset}", end),
+            )
+            loss = loss_within([Anchor.parse(m) for m in within], anchor.offset, entries)
+            if loss is not None:
+                raise self._lost(
+                    split,
+                    loss,
+                    "a restore needs every entry after its checkpoint's position: restore a "
+                    "checkpoint the consumer group had not passed when the stream was trimmed",
+                )
 
     def acknowledged_key(self, stream: str) -> str:
         """Where what the group acknowledged in ``stream`` is kept (:class:`Acknowledged`)."""
         return f"{stream}:sparkpoint:{self.group}:acknowledged"
 
-    def _lost(self, split: int, what: str) -> RedisSourceError:
+    def _lost(self, split: int, what: str, advice: str | None = None) -> RedisSourceError:
+        advice = advice or f"trim only what the consumer group {self.group!r} acknowledged"
         return RedisSourceError(
             f"split {self.split_ids()[split]} of {self!r}: {what}: trimmed (XTRIM, XADD "
-            "MAXLEN) or deleted. The job cannot go on "
-            "from this position without them; trim only what the consumer group "
-            f"{self.group!r} acknowledged"
+            f"MAXLEN) or deleted. The job cannot go on from this position without them; {advice}"
         )
 
     def read(self, split: int, start: int, end: int) -> Batch:
@@ -340,7 +344,7 @@ class RedisStreamSource(Source):
             return Batch.of_rows([])
         after = self._seek(split, start)
         entries, _, following = self._entries_after(split, after.entry_id, end - start)
-        self._check_continues(split, after, entries)
+        self._check_read(split, after, entries)
         if len(entries) < end - start:
             raise self._missing(split, end, start + len(entries))
         stream, _ = self._stream(split)

@@ -312,6 +312,27 @@ def test_a_position_whose_anchors_redis_lost_is_refused(client: redis.Redis, str
         fresh(restarted).read(0, 12, 20)
 
 
+def test_a_restore_to_a_position_older_than_what_was_trimmed_is_refused(
+    client: redis.Redis, stream: str
+) -> None:
+    ids = add(client, stream, 5)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    split = source.split_ids()[0]
+    assert source.available(0, 0.0) == 5
+    fresh(source).read(0, 0, 5)  # to the end each time: no anchor saw a next entry
+    source.notify_checkpoint_complete(1, {split: 5})
+    ids += add(client, stream, 5, first=5)
+    assert source.available(0, 0.0) == 10
+    fresh(source).read(0, 5, 10)
+    source.notify_checkpoint_complete(2, {split: 10})
+    client.xtrim(stream, minid=ids[7], approximate=False)  # what checkpoint 2 acknowledged
+    add(client, stream, 5, first=10)
+    expected = f"entry {ids[9]} was the last before offset 10 when the job read it"
+    with pytest.raises(RedisSourceError, match=expected) as refused:  # restored to checkpoint 1
+        fresh(RedisStreamSource(REDIS_URL, [stream], group="g")).read(0, 5, 10)
+    assert "restore a checkpoint the consumer group had not passed" in str(refused.value)
+
+
 def test_anchors_between_completed_positions_are_dropped(client: redis.Redis, stream: str) -> None:
     add(client, stream, 30)
     source = RedisStreamSource(REDIS_URL, [stream], group="g")
