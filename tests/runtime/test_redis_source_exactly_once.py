@@ -118,6 +118,24 @@ def run_job(
     return JobDriver(env.graph, options, spark=spark, events=watch, failure=failure).run()
 
 
+def fail_mid_way(
+    spark: Any, base: Path, source: RedisStreamSource, out: str, watch: GroupWatch
+) -> None:
+    """Run 1 of ``source`` (job ``redis-first``) fails for good (no restart) in its third
+    epoch, after some checkpoints completed."""
+    with pytest.raises(JobFailedError, match="injected failure"):
+        run_job(
+            spark,
+            base,
+            "first",
+            source,
+            out,
+            restart="none",
+            failure=FailureInjection("keyed", subtask=0, records=20, at_epoch=3),
+            watch=watch,
+        )
+
+
 @pytest.fixture(scope="module")
 def one_stream(spark: Any) -> Iterator[tuple[str, redis.Redis]]:
     """A bounded stream of ENTRIES entries (its last id is the bound), deleted afterwards."""
@@ -243,17 +261,7 @@ def test_a_new_driver_resumes_from_the_checkpointed_ids_and_reads_new_entries_on
     out = str(tmp_path / "out")
     # Run 1 fails for good (no restart) mid-way, after some checkpoints completed.
     watch = GroupWatch(client, keys, "resume")
-    with pytest.raises(JobFailedError, match="injected failure"):
-        run_job(
-            spark,
-            tmp_path,
-            "first",
-            source(),
-            out,
-            restart="none",
-            failure=FailureInjection("keyed", subtask=0, records=20, at_epoch=3),
-            watch=watch,
-        )
+    fail_mid_way(spark, tmp_path, source(), out, watch)
     positions = completed_positions(watch)
     latest = max(positions)
     read_before = sum(positions[latest].values())
@@ -298,17 +306,7 @@ def test_a_restore_past_entries_the_stream_lost_fails_and_commits_nothing_more(
 
     out = str(tmp_path / "out")
     watch = GroupWatch(client, [key], "damaged")
-    with pytest.raises(JobFailedError, match="injected failure"):
-        run_job(
-            spark,
-            tmp_path,
-            "first",
-            source(),
-            out,
-            restart="none",
-            failure=FailureInjection("keyed", subtask=0, records=20, at_epoch=3),
-            watch=watch,
-        )
+    fail_mid_way(spark, tmp_path, source(), out, watch)
     latest = max(completed_positions(watch))
     committed = line_counts(out)
     acknowledged = format_entry_id(watch.last_delivered(key))

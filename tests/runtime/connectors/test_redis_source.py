@@ -47,6 +47,19 @@ def fresh(source: RedisStreamSource) -> RedisStreamSource:
     return copy
 
 
+def read_on_and_commit(
+    source: RedisStreamSource, checkpoint_id: int, since: list[int] | None = None
+) -> list[int]:
+    """Read every split of ``source`` from ``since`` (else the start) to the stream's end, as
+    executors do, and complete checkpoint ``checkpoint_id`` there; the splits' positions."""
+    splits = source.split_ids()
+    ends = [source.available(i, 0.0) for i in range(len(splits))]
+    for i, (start, end) in enumerate(zip(since or [0] * len(splits), ends, strict=True)):
+        fresh(source).read(i, start, end)
+    source.notify_checkpoint_complete(checkpoint_id, dict(zip(splits, ends, strict=True)))
+    return ends
+
+
 def test_one_split_per_stream_reads_entries_in_order_with_metadata(
     client: redis.Redis, streams: Streams
 ) -> None:
@@ -241,10 +254,7 @@ def test_entries_added_after_a_commit_at_the_end_and_trimmed_unread_are_noticed(
     if "entries-added" not in client.xinfo_stream(stream):
         pytest.skip("Redis before 7 does not count the entries ever added to a stream")
     source = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=splits)
-    sizes = [source.available(i, 0.0) for i in range(splits)]
-    for i in range(splits):
-        fresh(source).read(i, 0, sizes[i])  # the whole stream: nothing follows
-    source.notify_checkpoint_complete(1, dict(zip(source.split_ids(), sizes, strict=True)))
+    sizes = read_on_and_commit(source, 1)  # the whole stream: nothing follows
     add(client, stream, 15, first=6)
     client.xtrim(stream, maxlen=10, approximate=False)  # a capped stream while the job was down
     restarted = RedisStreamSource(REDIS_URL, [stream], group="g", splits_per_stream=splits)
@@ -261,9 +271,7 @@ def test_trimming_what_was_read_at_the_end_leaves_the_next_read_alone(
 ) -> None:
     ids = add(client, stream, 5)
     source = RedisStreamSource(REDIS_URL, [stream], group="g")
-    assert source.available(0, 0.0) == 5
-    fresh(source).read(0, 0, 5)
-    source.notify_checkpoint_complete(1, {source.split_ids()[0]: 5})
+    assert read_on_and_commit(source, 1) == [5]
     ids += add(client, stream, 15, first=5)
     client.xtrim(stream, minid=ids[5], approximate=False)  # everything the checkpoint covers
     restarted = RedisStreamSource(REDIS_URL, [stream], group="g")
@@ -317,14 +325,10 @@ def test_a_restore_to_a_position_older_than_what_was_trimmed_is_refused(
 ) -> None:
     ids = add(client, stream, 5)
     source = RedisStreamSource(REDIS_URL, [stream], group="g")
-    split = source.split_ids()[0]
-    assert source.available(0, 0.0) == 5
-    fresh(source).read(0, 0, 5)  # to the end each time: no anchor saw a next entry
-    source.notify_checkpoint_complete(1, {split: 5})
+    # To the end each time: no anchor saw a next entry.
+    assert read_on_and_commit(source, 1) == [5]
     ids += add(client, stream, 5, first=5)
-    assert source.available(0, 0.0) == 10
-    fresh(source).read(0, 5, 10)
-    source.notify_checkpoint_complete(2, {split: 10})
+    assert read_on_and_commit(source, 2, since=[5]) == [10]
     client.xtrim(stream, minid=ids[7], approximate=False)  # what checkpoint 2 acknowledged
     add(client, stream, 5, first=10)
     expected = f"entry {ids[9]} was the last before offset 10 when the job read it"
