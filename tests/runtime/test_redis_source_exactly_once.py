@@ -291,7 +291,7 @@ def test_a_new_driver_resumes_from_the_checkpointed_ids_and_reads_new_entries_on
         # Trimmed 50 entries past what the checkpoint covers: they were never read.
         ("trim", "left the stream before the job read it"),
         # Redis restarted without persistence: stream and anchors gone, a new stream written.
-        ("lost", "Redis holds none of its anchors"),
+        ("lost", "Redis holds no anchor of it at or past that offset"),
     ],
 )
 def test_a_restore_past_entries_the_stream_lost_fails_and_commits_nothing_more(

@@ -24,15 +24,13 @@ a checkpoint completed and its sinks committed, moves the group's last-delivered
 read as several splits: the lowest of them, below which every split is complete). The group
 shows what the job has committed; a job that fails never moves it.
 
-Entries the job has not read may not leave the stream: a read checks that the entry that
-followed its anchor when the anchor was written (``next=`` in the anchor) is still first, and,
-for an anchor that saw none, that the stream was not trimmed past what the group acknowledged
-(``<stream>:sparkpoint:<group>:acknowledged``: the entry after the group's id, or the count of
-entries ever added when none followed); and an anchor that an earlier read left within the
-range read must name the entry now at its offset (else entries before it left since: a
-restore to a position older than what was trimmed). A split resumed past offset 0 whose
-anchors are all gone (Redis lost its data) is refused too: its offsets no longer count the
-stream's entries.
+Entries the job has not read may not leave the stream: every read checks, in one round trip,
+that none did (:mod:`sparkpoint.connectors.redis_losses`: the entry that followed its anchor,
+what followed the group's acknowledged id, kept beside it at each commit in
+``<stream>:sparkpoint:<group>:acknowledged``, Redis 7's counts of entries added and deleted,
+and the anchors earlier reads left within its range), and refuses to go on when one did. A
+split resumed past offset 0 with no anchor at or past that offset is refused too: Redis lost
+what it held then, and its offsets no longer count the stream's entries.
 
 Bounded on request: with ``until_id`` a split ends at its last entry with id <= ``until_id``;
 its total is known once the stream has an entry at or after ``until_id``. Without it the
@@ -47,17 +45,14 @@ from typing import Any, ClassVar, cast
 
 import redis
 
+from sparkpoint.connectors.redis_losses import losses, read_state, record_acknowledged
 from sparkpoint.connectors.redis_positions import (
     MAX_SEQ,
     Anchor,
     EntryId,
     as_str,
     format_entry_id,
-    loss_after_anchor,
-    loss_past_acknowledged,
-    loss_within,
     parse_entry_id,
-    record_acknowledged,
 )
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError, SparkpointError
@@ -255,19 +250,25 @@ class RedisStreamSource(Source):
 
     def _seek(self, split: int, offset: int) -> Anchor:
         """The anchor of ``offset``: the id of the entry just before it (the split's start
-        for offset 0), checked to still be followed by what followed it."""
+        for offset 0), checked to still be followed by what followed it.
+
+        Every read leaves an anchor at its end, and pruning keeps the newest ones and the
+        latest commit's; a position past offset 0 with no anchor at or above it was read in
+        a past that Redis no longer holds (data lost, a restart without persistence, an
+        older snapshot loaded): refused, its offsets would count other entries now.
+        """
         anchor = self._anchor_at_or_before(split, offset)
-        if anchor.offset == 0 < offset and not shared_client(self.url).exists(
-            self.anchors_key(split)
-        ):
-            raise RedisSourceError(
-                f"split {self.split_ids()[split]} of {self!r} resumes at offset {offset}, but "
-                f"Redis holds none of its anchors ({self.anchors_key(split)}): Redis lost its "
-                "data (restarted without persistence, flushed) or the source's group or "
-                "start_id changed since. Its offsets cannot be found in the stream as it is "
-                "now: start the job without this checkpoint"
-            )
         if anchor.offset < offset:
+            key = self.anchors_key(split)
+            if not shared_client(self.url).zcount(key, offset, "+inf"):
+                raise RedisSourceError(
+                    f"split {self.split_ids()[split]} of {self!r} resumes at offset {offset}, "
+                    f"but Redis holds no anchor of it at or past that offset ({key}): Redis "
+                    "lost data (restarted without persistence, flushed, loaded an older "
+                    "snapshot) or the source's group or start_id changed since. Its offsets "
+                    "cannot be found in the stream as it is now: start the job without this "
+                    "checkpoint"
+                )
             skipped, _, following = self._entries_after(
                 split, anchor.entry_id, offset - anchor.offset
             )
@@ -298,34 +299,26 @@ class RedisStreamSource(Source):
 
     def _check_read(
         self, split: int, anchor: Anchor, entries: list[tuple[bytes, dict[bytes, bytes]]]
-    ) -> None:
+    ) -> int | None:
         """Refuse ``entries``, read after ``anchor``, when entries the job had not read left
-        the stream before they were read (see the module's docstring): the entry that followed
-        the anchor, else what followed the group's acknowledged id, and every anchor an
-        earlier read left among the entries must agree with them."""
+        the stream before they were read (:func:`~sparkpoint.connectors.redis_losses.losses`).
+
+        Returns:
+            How many entries the stream had ever been given (Redis 7+), read after them.
+        """
         stream, _ = self._stream(split)
-        client = shared_client(self.url)
-        loss = (
-            loss_past_acknowledged(client, stream, self.acknowledged_key(stream))
-            if anchor.following is None
-            else loss_after_anchor(anchor, entries)
+        within = range(anchor.offset + 1, anchor.offset + len(entries) + 1)
+        acked, info, known = read_state(
+            shared_client(self.url),
+            stream,
+            self.acknowledged_key(stream),
+            self.anchors_key(split),
+            within,
         )
+        loss = losses(anchor, entries, acked, info, known)
         if loss is not None:
-            raise self._lost(split, loss)
-        if entries:
-            end = anchor.offset + len(entries)
-            within = cast(
-                "list[bytes]",
-                client.zrangebyscore(self.anchors_key(split), f"({anchor.offset}", end),
-            )
-            loss = loss_within([Anchor.parse(m) for m in within], anchor.offset, entries)
-            if loss is not None:
-                raise self._lost(
-                    split,
-                    loss,
-                    "a restore needs every entry after its checkpoint's position: restore a "
-                    "checkpoint the consumer group had not passed when the stream was trimmed",
-                )
+            raise self._lost(split, loss.what, loss.advice)
+        return None if info is None else info.added
 
     def acknowledged_key(self, stream: str) -> str:
         """Where what the group acknowledged in ``stream`` is kept (:class:`Acknowledged`)."""
@@ -344,12 +337,14 @@ class RedisStreamSource(Source):
             return Batch.of_rows([])
         after = self._seek(split, start)
         entries, _, following = self._entries_after(split, after.entry_id, end - start)
-        self._check_read(split, after, entries)
+        added = self._check_read(split, after, entries)
         if len(entries) < end - start:
             raise self._missing(split, end, start + len(entries))
         stream, _ = self._stream(split)
         last = parse_entry_id(as_str(entries[-1][0]), "entry id")
-        self._remember(split, Anchor(end, last, following))
+        # At the stream's end nothing follows yet: the count, read after the entries, tells
+        # later reads whether an entry came and left before they ran.
+        self._remember(split, Anchor(end, last, following, None if following else added))
         rows = []
         for raw_id, fields in entries:
             row = {as_str(k): as_str(v) for k, v in fields.items()}
@@ -468,16 +463,23 @@ class RedisStreamSource(Source):
                 continue
             safe = min(entry_ids[i] for i in splits)
             if safe > self.group_last_delivered(stream):
-                client.xgroup_setid(stream, self.group, format_entry_id(safe))
                 record_acknowledged(client, stream, self.acknowledged_key(stream), safe)
+                client.xgroup_setid(stream, self.group, format_entry_id(safe))
         # Step 3
         for i, offset in at.items():
             key = self.anchors_key(i)
             previous = self._committed.get(i)
             if previous is not None and previous < offset:
                 client.zremrangebyscore(key, f"({previous}", f"({offset}")
-            client.zremrangebyrank(key, 0, -self.retained_anchors - 1)
-            self._committed[i] = max(offset, previous or 0)
+            committed = self._committed[i] = max(offset, previous or 0)
+            # The newest retained_anchors are kept, and the latest commit's whatever came
+            # after it: a restore of that checkpoint must find its own anchor.
+            cut = cast(
+                "list[tuple[bytes, float]]",
+                client.zrange(key, -self.retained_anchors, -self.retained_anchors, withscores=True),
+            )
+            if cut:
+                client.zremrangebyscore(key, "-inf", f"({min(int(cut[0][1]), committed)}")
 
     def group_last_delivered(self, stream: str) -> EntryId:
         """The last-delivered id of the source's consumer group on ``stream``."""

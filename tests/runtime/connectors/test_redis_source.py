@@ -86,11 +86,12 @@ def test_reads_of_any_range_are_the_same_from_any_copy(client: redis.Redis, stre
     assert ns(fresh(source), 0, 0, 10) == list(range(10))
     # A new copy finds offset 10 through the anchor the first read left in Redis ...
     assert ns(fresh(source), 0, 10, 25) == list(range(10, 25))
-    # ... and offsets without an anchor by scanning from the nearest one before them.
+    assert ns(fresh(source), 0, 25, 36) == list(range(25, 36))
+    # ... and offsets between anchors by scanning from the nearest one before them.
     assert ns(fresh(source), 0, 30, 33) == [30, 31, 32]
     assert ns(fresh(source), 0, 17, 19) == [17, 18]
     with pytest.raises(RedisSourceError, match="trimmed or deleted"):
-        fresh(source).read(0, 38, 45)
+        fresh(source).read(0, 36, 45)
 
 
 def test_consumer_splits_of_one_stream_partition_it(client: redis.Redis, stream: str) -> None:
@@ -215,8 +216,6 @@ def test_a_read_refuses_to_skip_entries_trimmed_before_it_read_them(
     client.xtrim(stream, minid=ids[8], approximate=False)  # 5, 6 and 7 were never read
     with pytest.raises(RedisSourceError, match=f"entry {ids[5]}, the next after entry {ids[4]}"):
         fresh(source).read(0, 5, 10)
-    with pytest.raises(RedisSourceError, match="left the stream before the job read it"):
-        RedisStreamSource(REDIS_URL, [stream], group="g").entry_id_at(0, 10)
 
 
 def test_a_split_of_a_shared_stream_notices_its_own_entries_trimmed(
@@ -316,7 +315,7 @@ def test_a_position_whose_anchors_redis_lost_is_refused(client: redis.Redis, str
     add(client, stream, 30, first=20)
     restarted = RedisStreamSource(REDIS_URL, [stream], group="g")
     assert restarted.available(0, 0.0) == 30
-    with pytest.raises(RedisSourceError, match="resumes at offset 12, but Redis holds none"):
+    with pytest.raises(RedisSourceError, match="resumes at offset 12, but Redis holds no anchor"):
         fresh(restarted).read(0, 12, 20)
 
 
@@ -335,6 +334,86 @@ def test_a_restore_to_a_position_older_than_what_was_trimmed_is_refused(
     with pytest.raises(RedisSourceError, match=expected) as refused:  # restored to checkpoint 1
         fresh(RedisStreamSource(REDIS_URL, [stream], group="g")).read(0, 5, 10)
     assert "restore a checkpoint the consumer group had not passed" in str(refused.value)
+
+
+def redis_7_or_skip(client: redis.Redis, stream: str) -> None:
+    if "entries-added" not in client.xinfo_stream(stream):
+        pytest.skip("Redis before 7 counts no entries added to or deleted from a stream")
+
+
+def test_a_capped_stream_before_any_commit_is_noticed(client: redis.Redis, stream: str) -> None:
+    add(client, stream, 5)
+    redis_7_or_skip(client, stream)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert source.available(0, 0.0) == 5
+    fresh(source).read(0, 0, 5)  # to the end, and no checkpoint completed yet
+    for n in range(5, 25):
+        client.xadd(stream, {"user": "u0", "n": str(n)}, maxlen=10, approximate=False)
+    with pytest.raises(RedisSourceError, match=r"10 entries added after entry \S+ \(offset 5\)"):
+        fresh(source).read(0, 5, 10)
+
+
+def test_an_unread_entry_deleted_in_the_middle_is_noticed(client: redis.Redis, stream: str) -> None:
+    ids = add(client, stream, 20)
+    redis_7_or_skip(client, stream)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert source.available(0, 0.0) == 20
+    fresh(source).read(0, 0, 5)
+    client.xdel(stream, ids[7])
+    with pytest.raises(RedisSourceError, match=f"entry {ids[7]}, after entry {ids[4]} .*XDEL"):
+        fresh(source).read(0, 5, 10)
+
+
+def test_a_redis_that_went_back_to_an_older_snapshot_is_refused(
+    client: redis.Redis, stream: str
+) -> None:
+    add(client, stream, 10)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    read_on_and_commit(source, 1)
+    snapshot = {key: client.dump(key) for key in client.scan_iter(match=f"{stream}*")}
+    add(client, stream, 10, first=10)
+    assert read_on_and_commit(source, 2, since=[10]) == [20]
+    for key, value in snapshot.items():  # restarted from the snapshot taken at checkpoint 1
+        client.restore(key, 0, value, replace=True)
+    add(client, stream, 5, first=100)
+    with pytest.raises(RedisSourceError, match="resumes at offset 20, but Redis holds no anchor"):
+        fresh(RedisStreamSource(REDIS_URL, [stream], group="g")).read(0, 20, 25)
+
+
+def test_a_driver_lost_between_the_record_and_the_group_move_restores_its_checkpoint(
+    client: redis.Redis, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = add(client, stream, 10)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g")
+    read_on_and_commit(source, 1)
+    ids += add(client, stream, 10, first=10)
+
+    def lost(*_args: object) -> None:
+        raise SystemExit("the driver died before moving the group")
+
+    monkeypatch.setattr(redis.Redis, "xgroup_setid", lost)
+    with pytest.raises(SystemExit):
+        read_on_and_commit(source, 2, since=[10])
+    monkeypatch.undo()
+    assert group_id(client, stream, "g") == ids[9]  # the group stayed at checkpoint 1
+    client.xtrim(stream, minid=ids[10], approximate=False)  # all the group acknowledged
+    add(client, stream, 5, first=20)
+    restarted = RedisStreamSource(REDIS_URL, [stream], group="g")
+    assert ns(fresh(restarted), 0, 20, 25) == list(range(20, 25))  # checkpoint 2 restored
+
+
+def test_the_latest_commits_anchor_outlives_the_retained_ones(
+    client: redis.Redis, stream: str
+) -> None:
+    add(client, stream, 30)
+    source = RedisStreamSource(REDIS_URL, [stream], group="g", retained_anchors=2)
+    split = source.split_ids()[0]
+    assert source.available(0, 0.0) == 30
+    for start in range(0, 30, 5):
+        fresh(source).read(0, start, start + 5)
+    source.notify_checkpoint_complete(1, {split: 15})
+    anchors: list[Any] = client.zrange(source.anchors_key(0), 0, -1, withscores=True)
+    assert [int(score) for _, score in anchors] == [15, 20, 25, 30]
 
 
 def test_anchors_between_completed_positions_are_dropped(client: redis.Redis, stream: str) -> None:
