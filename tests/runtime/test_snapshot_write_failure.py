@@ -137,7 +137,11 @@ def test_with_no_tolerable_failure_the_job_fails_over_to_its_last_checkpoint(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_durable_working_state_the_storage_cannot_take_fails_no_epoch(
-    tmp_path: Path, baseline: Counter[str], backend: tuple[str, bool], caplog: Any
+    tmp_path: Path,
+    baseline: Counter[str],
+    backend: tuple[str, bool],
+    caplog: Any,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Checkpoints 3 and 4 are written; the durable copies of their epochs are not.
     caplog.set_level(logging.INFO, logger=working_state.__name__)
@@ -150,6 +154,12 @@ def test_durable_working_state_the_storage_cannot_take_fails_no_epoch(
     assert caplog.text.count("failed (the version is kept on this executor only; one line") == 1
     assert "failed 2 times in a row" not in caplog.text  # within the 10 s: not told again
     assert caplog.text.count("durable copies of working state are written again") == 1
+    # The driver's console says it too, from the task reports: once (within a minute), with
+    # the subtasks, and once when the copies come back.
+    console = capsys.readouterr().err
+    told = [line for line in console.splitlines() if "took no durable copy" in line]
+    assert len(told) == 1 and "pv[0]" in told[0] and "(1 epoch(s) in a row;" in told[0], told
+    assert console.count("durable copies of working state are written again, after") == 1
     assert line_counts(out) == baseline
 
 

@@ -25,6 +25,7 @@ from sparkpoint.events import EventSink
 from sparkpoint.graph import JobGraph, SinkNode
 from sparkpoint.job_graph import Region
 from sparkpoint.options import JobOptions
+from sparkpoint.runtime.durable_copies import DurableCopiesWatch
 from sparkpoint.runtime.epochs import EpochListener, EpochOutcome, EpochRunner, unacknowledged
 from sparkpoint.runtime.plan import EpochPlan, FailureInjection, SplitRange, StateInput, TaskReport
 from sparkpoint.runtime.planner import EpochPlanner
@@ -60,6 +61,7 @@ class JobExecution:
         self.planner = planner
         self.failure = failure
         self.durable = durable
+        self.durable_copies = DurableCopiesWatch(clock)
         self.attempt = 1  # the authority sets it: every event carries it
         # Vertices of regions that a region failover left running -> their attempt (plan's).
         self.vertex_attempts: dict[str, int] = {}
@@ -192,6 +194,8 @@ class JobExecution:
             url for ins in previous.values() for i in ins for url in i.durable_files
         } - needed
         self.storage.discard_working_state(self.job_id, sorted(replaced))
+        if self.durable:
+            self.durable_copies.accepted(plan.epoch, by_task, self.console)
         # Step 2: positions, counters.
         self.planner.advance(list(plan.ranges))
         records = sum(r.records for r in plan.ranges)
