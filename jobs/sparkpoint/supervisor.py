@@ -62,7 +62,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from sparkpoint.checkpointing.storage import checkpoint_storage_from_options
+from sparkpoint.checkpointing.storage import CheckpointStorage, checkpoint_storage_from_options
 from sparkpoint.errors import (
     CheckpointNotFoundError,
     ConfigurationError,
@@ -136,6 +136,12 @@ def check_supervised(options: JobOptions) -> None:
         )
 
 
+def _storage(options: JobOptions, checkpoint_dir: str) -> CheckpointStorage:
+    return checkpoint_storage_from_options(
+        options.checkpoint_storage, checkpoint_dir, options.max_inline_state_bytes
+    )
+
+
 def checkpoint_ids(options: JobOptions, job_id: str) -> list[int]:
     """The ids of the job's checkpoints that have ``_metadata`` in its checkpoint directory.
 
@@ -145,9 +151,7 @@ def checkpoint_ids(options: JobOptions, job_id: str) -> list[int]:
     """
     if options.checkpoint_dir is None:
         return []
-    storage = checkpoint_storage_from_options(
-        options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
-    )
+    storage = _storage(options, options.checkpoint_dir)
     try:
         return storage.completed_checkpoint_ids(job_id)
     except SparkpointError:
@@ -183,9 +187,7 @@ def latest_checkpoint_path(
     ids = [i for i in checkpoint_ids(options, job_id) if i > after]
     if not ids or options.checkpoint_dir is None:
         return None
-    storage = checkpoint_storage_from_options(
-        options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
-    )
+    storage = _storage(options, options.checkpoint_dir)
     skipped = []
     for checkpoint_id in reversed(ids):
         try:
@@ -208,9 +210,7 @@ def fresh_start_warning(options: JobOptions, job_id: str, newest: int) -> str | 
         return None
     if newest <= 0:
         return None
-    storage = checkpoint_storage_from_options(
-        options.checkpoint_storage, options.checkpoint_dir, options.max_inline_state_bytes
-    )
+    storage = _storage(options, options.checkpoint_dir)
     return (
         f"sparkpoint run: job {job_id} completed checkpoints up to {newest} in "
         f"{options.checkpoint_dir}; this run starts from the beginning (no --from-checkpoint) "

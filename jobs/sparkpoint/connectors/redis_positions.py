@@ -44,6 +44,31 @@ def format_entry_id(entry_id: EntryId) -> str:
     return f"{entry_id[0]}-{entry_id[1]}"
 
 
+Mark = tuple[EntryId, EntryId | None, int | None]
+
+
+def encode_mark(entry_id: EntryId, following: EntryId | None, added: int | None) -> str:
+    """An entry id and what was seen after it: ``<id>[:next=<id>][:added=<n>]``."""
+    parts = [format_entry_id(entry_id)]
+    if following is not None:
+        parts.append(f"next={format_entry_id(following)}")
+    if added is not None:
+        parts.append(f"added={added}")
+    return ":".join(parts)
+
+
+def decode_mark(text: str, what: str) -> Mark:
+    """:func:`encode_mark`'s text as (entry id, following, added)."""
+    entry, *rest = text.split(":")
+    extra = dict(part.partition("=")[::2] for part in rest)
+    following = extra.get("next")
+    return (
+        parse_entry_id(entry, what),
+        None if following is None else parse_entry_id(following, what),
+        None if "added" not in extra else int(extra["added"]),
+    )
+
+
 class Anchor(NamedTuple):
     """Where an offset of a split is in the stream: ``entry_id``, the split's last entry
     before ``offset``; and what the read that ended there saw after it, for later reads to
@@ -58,24 +83,12 @@ class Anchor(NamedTuple):
 
     def member(self) -> str:
         """The anchor as a member of the split's sorted set (its score is the offset)."""
-        text = f"{self.offset}:{format_entry_id(self.entry_id)}"
-        if self.following is not None:
-            text += f":next={format_entry_id(self.following)}"
-        if self.added is not None:
-            text += f":added={self.added}"
-        return text
+        return f"{self.offset}:{encode_mark(self.entry_id, self.following, self.added)}"
 
     @classmethod
     def parse(cls, member: bytes | str) -> Anchor:
-        offset, entry, *rest = as_str(member).split(":")
-        extra = dict(part.partition("=")[::2] for part in rest)
-        following = extra.get("next")
-        return cls(
-            int(offset),
-            parse_entry_id(entry, "anchor"),
-            None if following is None else parse_entry_id(following, "anchor"),
-            None if "added" not in extra else int(extra["added"]),
-        )
+        offset, _, mark = as_str(member).partition(":")
+        return cls(int(offset), *decode_mark(mark, "anchor"))
 
 
 class Acknowledged(NamedTuple):
@@ -89,20 +102,8 @@ class Acknowledged(NamedTuple):
     added: int | None = None
 
     def text(self) -> str:
-        parts = [format_entry_id(self.entry_id)]
-        if self.following is not None:
-            parts.append(f"next={format_entry_id(self.following)}")
-        if self.added is not None:
-            parts.append(f"added={self.added}")
-        return ":".join(parts)
+        return encode_mark(self.entry_id, self.following, self.added)
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Acknowledged:
-        entry, *rest = as_str(raw).split(":")
-        extra = dict(part.partition("=")[::2] for part in rest)
-        following = extra.get("next")
-        return cls(
-            parse_entry_id(entry, "acknowledged id"),
-            None if following is None else parse_entry_id(following, "acknowledged id"),
-            None if "added" not in extra else int(extra["added"]),
-        )
+        return cls(*decode_mark(as_str(raw), "acknowledged id"))
