@@ -42,6 +42,15 @@ def test_checkpoints_that_outlive_the_timeout_expire_and_fail_the_job(
     aborted = driver.memory.of_type(CheckpointAborted)
     assert [a.checkpoint_id for a in aborted] == [1, 2, 3]
     assert all(a.reason.startswith("CHECKPOINT_EXPIRED: checkpoint") for a in aborted)
+    # Each barrier rode the epoch planned at its trigger, which ran past the 1 ms timeout:
+    # the message says so, from the epoch before it (the first epoch has none before it).
+    assert "No epoch ended" not in aborted[0].reason
+    for a, before in zip(aborted[1:], (0, 1), strict=True):
+        assert (
+            "missing: events[0], events[1], pv[0], pv[1]. No epoch ended between the trigger "
+            f"and the expiry: the epoch after epoch {before} (which ended "
+        ) in a.reason
+        assert "an epoch that runs longer than the checkpoint timeout expires it" in a.reason
     statuses = [s.status.value for s in driver.memory.of_type(JobStatusChanged)]
     assert statuses == ["RUNNING", "FAILING", "FAILED"]
     assert line_counts(out) == {}  # no checkpoint completed, so nothing was committed

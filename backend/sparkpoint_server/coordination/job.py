@@ -12,6 +12,7 @@ from typing import Any
 
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.checkpointing.coordinator import CheckpointCoordinator
+from sparkpoint.checkpointing.expiry import EpochEnds
 from sparkpoint.checkpointing.pending import CompletedCheckpoint
 from sparkpoint.checkpointing.restart import RestartStrategy, restart_strategy_from_config
 from sparkpoint.checkpointing.storage import CheckpointStorage, checkpoint_storage_from_options
@@ -161,6 +162,7 @@ class JobRuntime:
     origin: Origin | None = None  # None: the job started from the beginning, no restore since
     uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     heartbeat: DriverHeartbeatMonitor | None = None  # None: no driver is watched
+    epoch_ends: EpochEnds = field(default_factory=EpochEnds)  # why a checkpoint expired
     driver_lost: bool = False  # its driver's silence failed it over; no driver registered since
     finalizing: dict[int, Finalizing] = field(default_factory=dict)  # checkpoint id -> write
     # Rebuilt from rows of a checkpoint every subtask acknowledged whose completion was not

@@ -434,7 +434,8 @@ class ControlPlane:
         if self._driver_silent(rt, self._heard_until()):
             hb.driver_lost(batch, rt, self.settings.heartbeat_timeout_ms)
             return
-        d.handle_failed(batch, rt, rt.coordinator.expire_overdue(self._heard_until()))
+        expired = rt.coordinator.expire_overdue(self._heard_until())
+        d.handle_failed(batch, rt, rt.epoch_ends.explained(expired))
         if final.trigger_if_due(batch, rt):
             return
         # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.

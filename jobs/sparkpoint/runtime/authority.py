@@ -20,6 +20,7 @@ import time
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.coordinator import CheckpointCoordinator
+from sparkpoint.checkpointing.expiry import EpochEnds
 from sparkpoint.checkpointing.pending import (
     CheckpointFailureReason,
     CompletedCheckpoint,
@@ -127,6 +128,7 @@ class InProcessAuthority(Authority):
             job.job_id, job.graph.tasks(), job.options.checkpoint, job.clock
         )
         self._stopping = False  # a signal asked for a stop with savepoint
+        self._epoch_ends = EpochEnds()  # tells why a checkpoint expired
         self.initial_point: RestorePoint | None = None  # --from-checkpoint, the fallback
         self.initial_storage: CheckpointStorage | None = None
         self.finished = False
@@ -241,7 +243,7 @@ class InProcessAuthority(Authority):
 
     def _run_one_epoch(self, runner: EpochRunner) -> None:
         job, coordinator = self.job, self.coordinator
-        self._handle_failed(coordinator.expire_overdue())
+        self._handle_failed(self._epoch_ends.explained(coordinator.expire_overdue()))
         ending = job.planner.exhausted() or self._stopping
         if ending and (wait_ms := coordinator.final_wait_ms()) > 0:
             # The last final checkpoint failed: the next waits (TriggerTiming.final_wait).
@@ -275,6 +277,7 @@ class InProcessAuthority(Authority):
                 )
             )
         outcome = job.run_epoch(runner, ranges, barrier, self)
+        self._epoch_ends.ended(job.attempt, outcome.epoch, job.clock.now_ms())
         if outcome.failure is not None:
             failed = outcome.failed
             vertex = failed[0] if failed is not None else None
@@ -287,7 +290,7 @@ class InProcessAuthority(Authority):
     # ------------------------------------------------------------------ EpochListener
     def before_acks(self) -> None:
         # A checkpoint whose timeout passed while the epoch ran: its acknowledgements are late.
-        self._handle_failed(self.coordinator.expire_overdue())
+        self._handle_failed(self._epoch_ends.explained(self.coordinator.expire_overdue()))
 
     def on_decline(self, attempt: int, decline: p.CheckpointDeclined) -> None:
         failed = self.coordinator.decline(

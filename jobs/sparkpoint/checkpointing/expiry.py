@@ -1,0 +1,79 @@
+"""Why a checkpoint expired, told from when the job's epochs ended.
+
+On Spark a barrier travels with an epoch (one Spark job): a source subtask injects it when the
+first epoch planned after the trigger reads its split, and a subtask acknowledges when the
+epoch has carried the barrier through it. An epoch that runs longer than the checkpoint
+timeout (a slow operator, an epoch planned too large) therefore expires the checkpoint, and
+``0/4 subtasks acknowledged`` alone does not say so. :class:`EpochEnds` keeps when the
+latest epochs ended, on the authority's clock, and adds to an expired checkpoint's message
+which epoch was still running when it expired and for how long.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+from sparkpoint.checkpointing.pending import CheckpointFailureReason, FailedCheckpoint
+
+__all__ = ["EpochEnds"]
+
+#: Epoch ends kept: a checkpoint's trigger is never more than a few epochs back.
+KEPT = 32
+
+ADVICE = (
+    "a barrier travels with an epoch (one Spark job), so an epoch that runs longer than the "
+    "checkpoint timeout expires it: look for a slow operator in that epoch, or plan shorter "
+    "epochs (--epoch-target-ms, --max-epoch-records), or give checkpoints a longer "
+    "--checkpoint-timeout"
+)
+
+
+class EpochEnds:
+    """When the job's latest epochs ended: ``(attempt, epoch, time in ms)``, oldest first."""
+
+    def __init__(self) -> None:
+        self._ends: deque[tuple[int, int, int]] = deque(maxlen=KEPT)
+
+    def ended(self, attempt: int, epoch: int, at_ms: int) -> None:
+        """Epoch ``epoch`` of ``attempt`` ended at ``at_ms`` (the clock the checkpoints'
+        trigger and failure times are on)."""
+        self._ends.append((attempt, epoch, at_ms))
+
+    def explained(self, failed: list[FailedCheckpoint]) -> list[FailedCheckpoint]:
+        """``failed``, each expired checkpoint's message followed by :meth:`why_expired`."""
+        out = []
+        for f in failed:
+            expired = f.reason is CheckpointFailureReason.CHECKPOINT_EXPIRED
+            why = self.why_expired(f) if expired else None
+            out.append(f if why is None else replace(f, message=f"{f.message}. {why}"))
+        return out
+
+    def why_expired(self, f: FailedCheckpoint) -> str | None:
+        """Which epoch ran past the timeout of the expired checkpoint ``f``; None when two or
+        more epochs ended between its trigger and its expiry (the one that carried its
+        barrier ended too: an epoch was not what held it up), or when no end of an epoch of
+        its attempt is known."""
+        trigger, expiry = f.trigger_timestamp, f.failure_timestamp
+        mine = [(epoch, at) for attempt, epoch, at in self._ends if attempt == f.attempt]
+        since = [(epoch, at) for epoch, at in mine if trigger < at <= expiry]
+        before = [(epoch, at) for epoch, at in mine if at <= trigger]
+        if len(since) >= 2:
+            return None
+        if since:
+            epoch, at = since[0]
+            running = (
+                f"Epoch {epoch} ended {at - trigger} ms after the trigger; the epoch after it, "
+                f"which would carry the barrier, had run {expiry - at} ms when the checkpoint "
+                "expired"
+            )
+        elif before:
+            epoch, at = before[-1]
+            running = (
+                f"No epoch ended between the trigger and the expiry: the epoch after epoch "
+                f"{epoch} (which ended {trigger - at} ms before the trigger) had run "
+                f"{expiry - at} ms"
+            )
+        else:  # no end of this attempt's epochs is known (or kept): nothing to tell
+            return None
+        return f"{running}; {ADVICE}"
