@@ -72,7 +72,7 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
             "savepoint" if h["is_savepoint"] else "checkpoint",
             str(h["attempt"]),
             _time(h["trigger_timestamp"]),
-            _duration(h["end_to_end_duration"]),
+            _duration(_took(h)),
             _size(h["state_size"]),
             f"{h['num_acknowledged_subtasks']}/{h['num_subtasks']}",
             h.get("failure_message") or ("discarded" if h.get("discarded") else ""),
@@ -83,6 +83,13 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
         return [*lines, "no checkpoint yet"]
     header = ["id", "status", "kind", "attempt", "triggered (UTC)", "duration", "size", "acks"]
     return [*lines, *_table([*header, "failure"], rows)]
+
+
+def _took(entry: dict[str, Any]) -> float | None:
+    """A history entry's end-to-end duration; a failed one's: from its trigger to its failure."""
+    if entry["end_to_end_duration"] is not None or entry.get("failure_timestamp") is None:
+        return entry["end_to_end_duration"]
+    return max(0, entry["failure_timestamp"] - entry["trigger_timestamp"])
 
 
 def failover_text(failover: dict[str, Any]) -> str:
@@ -105,13 +112,18 @@ def details_lines(
 ) -> list[str]:
     """One checkpoint: its summary, its failure, then each operator's subtasks."""
     kind = "savepoint" if details["is_savepoint"] else "checkpoint"
-    took = details["end_to_end_duration"]
+    took, failed = details["end_to_end_duration"], details.get("failure_timestamp") is not None
     lines = [
         f"{kind} {details['id']} of job {job_id}: {details['status']}, attempt "
         f"{details['attempt']}, triggered {_time(details['trigger_timestamp'])} UTC, "
         f"{details['num_acknowledged_subtasks']}/{details['num_subtasks']} subtasks "
         "acknowledged"
         + (f", {_duration(took)} end to end" if took is not None else "")
+        + (
+            f", failed {_duration(_took(details))} after the trigger"
+            if failed and took is None
+            else ""
+        )
         + f", state {_size(details['state_size'])} ({_size(details['checkpointed_size'])} "
         "uploaded)"
     ]

@@ -228,6 +228,31 @@ def test_a_failed_checkpoint_says_so_on_its_timeline() -> None:
     assert _text(stats.children[2].children[1:]) == f"{DASH}failed before completing"
 
 
+def test_an_expired_checkpoint_spans_its_timeout_on_the_timeline_and_its_cards() -> None:
+    # Nothing acknowledged before it expired: the hatched rows reach the failure, 2 s after
+    # the trigger, not the 1 ms of an empty axis; the end-to-end card says how long it ran.
+    expired = _checkpoint(
+        status="FAILED",
+        end_to_end_duration=None,
+        failure_reason="CHECKPOINT_EXPIRED",
+        failure_timestamp=NOW - 3_000,
+        num_acknowledged_subtasks=0,
+        **{"spark-job-group": None, "epoch": None},
+    )
+    unacknowledged = [
+        {**op, "subtasks": [{**sub, "status": "pending_or_failed"} for sub in op["subtasks"]]}
+        for op in _operators()
+    ]
+    figure = checkpoint_views(expired, unacknowledged, NOW)[3]
+    hatched = next(t for t in figure["data"] if t["name"] == "not acknowledged")
+    assert hatched["x"] == [2000.0] * 4
+    stats, _ = summary_cards(expired, NOW)
+    assert _text(stats.children[2].children[1:]) == "2.00 strigger to failure"
+    assert _text(spark_link_view(expired, SPARK, [])) == (
+        "Spark: no epoch carried this checkpoint's barrier before it failed."
+    )
+
+
 def test_operator_rows() -> None:
     stragglers = [Straggler("pv", "pv -> sink #1", 947.0, 523.5)]
     rows = operator_rows(_checkpoint(), stragglers)
@@ -319,6 +344,8 @@ def test_pending_span() -> None:
     running = _checkpoint(status="IN_PROGRESS", end_to_end_duration=None)
     assert pending_span(running, NOW) == 5000.0
     assert pending_span(_checkpoint(status="FAILED", end_to_end_duration=None), NOW) is None
+    failed = _checkpoint(status="FAILED", end_to_end_duration=None, failure_timestamp=NOW - 4_250)
+    assert pending_span(failed, NOW) == 750.0
 
 
 def test_spark_links_to_each_job_of_the_epoch() -> None:

@@ -150,7 +150,7 @@ def patch_checkpoint_config(
     "/jobs/{job_id}/checkpoints/details/{checkpoint_id}",
     summary="One checkpoint",
     description="The checkpoint's history entry (with its `epoch`, `spark-job-group`, "
-    "`committed` and `commit_timestamp`) "
+    "`committed`, `commit_timestamp` and, once it failed, Flink's `failure_timestamp`) "
     "plus `tasks`: per operator, its status, acknowledged subtasks, sizes, slowest "
     "end-to-end duration and buffered bytes.",
     response_model=None,

@@ -204,7 +204,7 @@ def _entry(row: AnyRow, job_name: str) -> dict[str, Any]:
         is_final,
         trigger_timestamp,
         latest_ack_timestamp,
-        _completion_timestamp,
+        completion_timestamp,
         end_to_end_duration,
         state_size,
         checkpointed_size,
@@ -238,6 +238,8 @@ def _entry(row: AnyRow, job_name: str) -> dict[str, Any]:
         "external_path": external_path,
         "failure_message": failure_message,
         "failure_reason": failure_reason,
+        # Flink's FailedCheckpointStatistics field: when it failed (null unless FAILED).
+        "failure_timestamp": completion_timestamp if status == FAILED else None,
         "discarded": bool(discarded),
         "epoch": epoch,
         "spark-job-group": None if epoch is None else spark_job_group(job_name, attempt, epoch),

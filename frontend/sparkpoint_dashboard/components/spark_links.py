@@ -29,6 +29,8 @@ def spark_link_view(
     """
     group = cp.get("spark-job-group")
     if not group:
+        if cp.get("status") == "FAILED":
+            return ["Spark: no epoch carried this checkpoint's barrier before it failed."]
         return ["Spark: no epoch has carried this checkpoint's barrier yet."]
     head: list[Any] = [f"Spark job group of epoch {cp.get('epoch')}: ", html.Code(group), " · "]
     ui = (spark or {}).get("ui-url")

@@ -155,7 +155,11 @@ def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
     if e2e is None and status == "IN_PROGRESS" and trigger:
         duration, detail = fmt_ms(max(0, now_ms - trigger)), "so far"
     elif e2e is None and status == "FAILED":
-        duration, detail = DASH, "failed before completing"
+        failed_after = _failed_after(cp)
+        if failed_after is None:
+            duration, detail = DASH, "failed before completing"
+        else:
+            duration, detail = fmt_ms(failed_after), "trigger to failure"
     else:
         duration, detail = fmt_ms(e2e), "trigger to last ack"
         output = output_text(cp, now_ms)
@@ -318,13 +322,23 @@ def stragglers_view(stragglers: list[Straggler]) -> Any:
 
 
 def pending_span(cp: dict[str, Any], now_ms: int) -> float | None:
-    """How far the timeline's unacknowledged rows reach: the checkpoint's duration so far."""
+    """How far the timeline's unacknowledged rows reach: the checkpoint's duration so far, or
+    until it failed (an expired checkpoint's: its timeout)."""
     if cp.get("end_to_end_duration") is not None:
         return float(cp["end_to_end_duration"])
     trigger = cp.get("trigger_timestamp")
     if cp.get("status") == "IN_PROGRESS" and trigger:
         return float(max(1, now_ms - trigger))
-    return None
+    failed_after = _failed_after(cp)
+    return None if failed_after is None else float(max(1, failed_after))
+
+
+def _failed_after(cp: dict[str, Any]) -> int | None:
+    """ms from a failed checkpoint's trigger to its failure (None: not known, or not failed)."""
+    trigger, failure = cp.get("trigger_timestamp"), cp.get("failure_timestamp")
+    if cp.get("status") != "FAILED" or not trigger or failure is None:
+        return None
+    return max(0, failure - trigger)
 
 
 def checkpoint_views(
@@ -457,7 +471,11 @@ def register(app: Dash, client: ApiClient, spark_ui: SparkUi | None = None) -> N
                 operators.append(answer)
         views = checkpoint_views(cp, operators, int(time.time() * 1000))
         note = message("; ".join(problems), "warn") if problems else None
-        epoch = {"group": cp.get("spark-job-group"), "epoch": cp.get("epoch")}
+        epoch = {
+            "group": cp.get("spark-job-group"),
+            "epoch": cp.get("epoch"),
+            "status": cp.get("status"),  # a failed checkpoint's barrier will ride no epoch
+        }
         return (*views, note, epoch if epoch != shown_epoch else no_update)
 
     @app.callback(
@@ -479,7 +497,11 @@ def register(app: Dash, client: ApiClient, spark_ui: SparkUi | None = None) -> N
             return no_update, no_update
         group = epoch.get("group")
         if epoch.get("missing") or not group:
-            cp = {"spark-job-group": group, "epoch": epoch.get("epoch")}
+            cp = {
+                "spark-job-group": group,
+                "epoch": epoch.get("epoch"),
+                "status": epoch.get("status"),
+            }
             return (None if epoch.get("missing") else spark_link_view(cp, None, None)), epoch
         job, _ = fetch(lambda: client.job(route["job_id"], token))
         spark = (job or {}).get("spark") or {}

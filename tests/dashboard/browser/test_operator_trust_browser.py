@@ -47,6 +47,13 @@ NOW = int(time.time() * 1000)
 T = NOW - 600_000  # the jobs started ten minutes ago
 SAVEPOINT = "file:///var/sparkpoint/savepoints/savepoint-endedjob-4-a-long-directory-name"
 EPOCHS = 60
+EXPIRED = 6
+EXPIRED_MESSAGE = (
+    f"checkpoint {EXPIRED} of job {ENDED} expired before completing after 2000 ms: 0/5 "
+    "subtasks acknowledged; missing: count[0], count[1], count[2], source[0], source[1]. No "
+    "epoch ended between the trigger and the expiry: the epoch after epoch 27 (which ended "
+    "2000 ms before the trigger) had run 4000 ms; a barrier travels with an epoch"
+)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +121,18 @@ def history(sessions: sessionmaker[Session], api: httpx.Client) -> None:
         for n in (1, 2, 3, 5):
             checkpoint(s, ENDED, n, T + n * 40_000)
         checkpoint(s, ENDED, 4, T + 160_000, kind="savepoint", external_path=SAVEPOINT)
+        add_checkpoint(  # expired: nothing acknowledged in its 2 s, an epoch ran past them
+            s,
+            EXPIRED,
+            ENDED,
+            status="FAILED",
+            attempt=3,
+            trigger_timestamp=T + 245_000,
+            completion_timestamp=T + 247_000,
+            failure_reason="CHECKPOINT_EXPIRED",
+            failure_message=EXPIRED_MESSAGE,
+            discarded=True,
+        )
         for n, rid, at, attempt in ((4, "req-sp4", restore_at, 3), (5, "req-cp5", second_at, 4)):
             add_operation(
                 s,
@@ -282,6 +301,28 @@ def test_the_per_subtask_timeline_is_in_view_at_1440x900(
             "Emulation.setDeviceMetricsOverride",
             {"width": WIDTH, "height": 1000, "deviceScaleFactor": 1, "mobile": False},
         )
+    assert page.errors() == []
+
+
+def test_an_expired_checkpoint_shows_its_timeout_on_the_timeline_and_why_it_expired(
+    page: DashboardPage, history: None
+) -> None:
+    page.open(checkpoint_path(ENDED, EXPIRED), ids.CK_TIMELINE, ids.CK_SUMMARY)
+    figure = page.wait(
+        "the timeline drawn",
+        lambda: (f := page.figure(ids.CK_TIMELINE)) and len(f["y_categories"]) == 5 and f,
+    )
+    [hatched] = [t for t in figure["traces"] if t["name"] == "not acknowledged"]
+    assert hatched["x"] == [2000] * 5  # to the expiry, not a 1 ms axis
+    assert "No epoch ended between the trigger and the expiry" in page.text(ids.CK_FAILURE)
+    assert "2.00 s" in page.text(ids.CK_SUMMARY) and "trigger to failure" in page.text(
+        ids.CK_SUMMARY
+    )
+    page.wait(
+        "the Spark line",
+        lambda: "before it failed" in page.text(ids.CK_SPARK_LINK),
+    )
+    page.screenshot("checkpoint-expired")
     assert page.errors() == []
 
 

@@ -32,6 +32,7 @@ def _entry(cid: int, **changes: Any) -> dict[str, Any]:
         "external_path": f"file:///tmp/chk/job-1/chk-{cid}",
         "failure_message": None,
         "failure_reason": None,
+        "failure_timestamp": None,
         "discarded": False,
         "epoch": None,
         "spark-job-group": None,
@@ -91,6 +92,7 @@ FAILED_3 = _entry(
     external_path=None,
     failure_reason="CHECKPOINT_EXPIRED",
     failure_message="checkpoint 3 expired before completing",
+    failure_timestamp=T0 + 3050,
     discarded=True,
 )
 
