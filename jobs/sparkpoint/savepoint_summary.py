@@ -86,6 +86,8 @@ class SavepointSummary:
     # list state and broadcast state
     operator_state: list[tuple[str, int, str, str, str, int]]
     stateless: list[tuple[str, int]]  # (operator uid, subtask) of acks without any state
+    # (source uid, subtask, split, offset): where each split of a source resumes
+    source_positions: list[tuple[str, int, str, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The summary as JSON-ready data."""
@@ -159,6 +161,11 @@ def render_text(summary: SavepointSummary) -> str:
             else f"list {name!r} ({mode}), {values} values"
         )
         lines.append(f"operator {vertex}, subtask {subtask}: operator state of {function}, {what}")
+    for operator_id, subtask, split, offset in summary.source_positions:
+        lines.append(
+            f"operator {operator_id}, subtask {subtask}: source split {split} resumes at "
+            f"offset {offset:,}"
+        )
     for operator_id, subtask in summary.stateless:
         lines.append(f"operator {operator_id}, subtask {subtask}: no state")
     return "\n".join(lines)

@@ -246,7 +246,14 @@ def inspect_savepoint(path: str, sample: int = DEFAULT_SAMPLE) -> SavepointSumma
             for s in a.operator_state
         ),
         stateless=sorted(
-            (a.operator_id, a.subtask) for a in acks if not a.handles and not a.operator_state
+            (a.operator_id, a.subtask)
+            for a in acks
+            if not a.handles and not a.operator_state and not a.source_positions
+        ),
+        source_positions=sorted(
+            (a.operator_id, a.subtask, split, offset)
+            for a in acks
+            for split, offset in a.source_positions.items()
         ),
     )
 

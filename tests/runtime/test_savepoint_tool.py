@@ -39,7 +39,12 @@ def with_format(handle: StateHandleModel, fmt: str) -> StateHandleModel:
     return handle.model_copy(update={"format": fmt})
 
 
-def ack(operator_id: str, subtask: int, handles: list[StateHandleModel]) -> dict[str, Any]:
+def ack(
+    operator_id: str,
+    subtask: int,
+    handles: list[StateHandleModel],
+    positions: dict[str, int] | None = None,
+) -> dict[str, Any]:
     return SnapshotCompleted(
         checkpoint_id=3,
         operator_id=operator_id,
@@ -54,6 +59,7 @@ def ack(operator_id: str, subtask: int, handles: list[StateHandleModel]) -> dict
         state_size=sum(h.size for h in handles),
         checkpointed_size=sum(h.size for h in handles),
         handles=handles,
+        source_positions=positions or {},
     ).model_dump(mode="json")
 
 
@@ -97,6 +103,7 @@ def savepoint(tmp_path: Path) -> dict[str, Any]:
         native = StateHandleModel.model_validate({**native.model_dump(), "shared": [ref]})
     acks = [
         ack("source", 0, []),
+        ack("source", 1, [], {"orders#1/2": 1_204_557, "orders#0/2": 88}),
         ack("counter", 1, [legacy]),
         ack("enrich", 0, [native]),
         ack("counter", 0, [canonical_handle]),
@@ -188,6 +195,9 @@ def test_inspect_lists_operators_handles_states_and_a_sample(
                 if recorded
                 else []
             ),
+            # Where the source resumes: a subtask holding positions has no keyed state.
+            "operator source, subtask 1: source split orders#0/2 resumes at offset 88",
+            "operator source, subtask 1: source split orders#1/2 resumes at offset 1,204,557",
             "operator source, subtask 0: no state",
             "",
         ]
@@ -216,6 +226,10 @@ def test_inspect_prints_the_same_as_json(
         ("enrich", 0, "native" if "format" in StateHandleModel.model_fields else "unknown"),
     ]
     assert data["stateless"] == [["source", 0]]
+    assert data["source_positions"] == [
+        ["source", 1, "orders#0/2", 88],
+        ["source", 1, "orders#1/2", 1_204_557],
+    ]
     assert counter["location"] == savepoint["handles"][0].path
     assert (counter["key_group_range"], counter["entries"], counter["watermarks"]) == (
         [0, 3],
