@@ -48,7 +48,7 @@ def test_checkpoints_that_outlive_the_timeout_expire_and_fail_the_job(
     for a, before in zip(aborted[1:], (0, 1), strict=True):
         assert (
             "missing: events[0], events[1], pv[0], pv[1]. No epoch ended between the trigger "
-            f"and the expiry: the epoch after epoch {before} (which ended "
+            f"and the expiry: the last to end, epoch {before}, ended "
         ) in a.reason
         assert "an epoch that runs longer than the checkpoint timeout expires it" in a.reason
     statuses = [s.status.value for s in driver.memory.of_type(JobStatusChanged)]

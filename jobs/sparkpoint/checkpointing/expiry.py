@@ -6,7 +6,7 @@ epoch has carried the barrier through it. An epoch that runs longer than the che
 timeout (a slow operator, an epoch planned too large) therefore expires the checkpoint, and
 ``0/4 subtasks acknowledged`` alone does not say so. :class:`EpochEnds` keeps when the
 latest epochs ended, on the authority's clock, and adds to an expired checkpoint's message
-which epoch was still running when it expired and for how long.
+which epoch ended last and how long before the expiry: how long no epoch ended.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class EpochEnds:
         return out
 
     def why_expired(self, f: FailedCheckpoint) -> str | None:
-        """Which epoch ran past the timeout of the expired checkpoint ``f``; None when two or
+        """How long no epoch had ended when the checkpoint ``f`` expired; None when two or
         more epochs ended between its trigger and its expiry (the one that carried its
         barrier ended too: an epoch was not what held it up), or when no end of an epoch of
         its attempt is known."""
@@ -63,16 +63,16 @@ class EpochEnds:
         if since:
             epoch, at = since[0]
             running = (
-                f"Epoch {epoch} ended {at - trigger} ms after the trigger; the epoch after it, "
-                f"which would carry the barrier, had run {expiry - at} ms when the checkpoint "
-                "expired"
+                f"Epoch {epoch} ended {at - trigger} ms after the trigger, and no epoch after "
+                f"it, the one that would carry the barrier, had ended {expiry - at} ms later, "
+                "at the expiry"
             )
         elif before:
             epoch, at = before[-1]
             running = (
-                f"No epoch ended between the trigger and the expiry: the epoch after epoch "
-                f"{epoch} (which ended {trigger - at} ms before the trigger) had run "
-                f"{expiry - at} ms"
+                f"No epoch ended between the trigger and the expiry: the last to end, epoch "
+                f"{epoch}, ended {trigger - at} ms before the trigger and {expiry - at} ms "
+                "before the expiry"
             )
         else:  # no end of this attempt's epochs is known (or kept): nothing to tell
             return None

@@ -51,8 +51,8 @@ EXPIRED = 6
 EXPIRED_MESSAGE = (
     f"checkpoint {EXPIRED} of job {ENDED} expired before completing after 2000 ms: 0/5 "
     "subtasks acknowledged; missing: count[0], count[1], count[2], source[0], source[1]. No "
-    "epoch ended between the trigger and the expiry: the epoch after epoch 27 (which ended "
-    "2000 ms before the trigger) had run 4000 ms; a barrier travels with an epoch"
+    "epoch ended between the trigger and the expiry: the last to end, epoch 27, ended 2000 ms "
+    "before the trigger and 4000 ms before the expiry; a barrier travels with an epoch"
 )
 
 

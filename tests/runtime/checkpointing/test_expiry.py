@@ -32,8 +32,8 @@ def test_the_epoch_running_at_the_trigger_ended_but_not_the_barriers() -> None:
     [f] = ends.explained([_failed()])
     assert f.message.startswith(
         "checkpoint 9 of job j expired before completing after 2000 ms. Epoch 5 ended 400 ms "
-        "after the trigger; the epoch after it, which would carry the barrier, had run "
-        "1600 ms when the checkpoint expired; a barrier travels with an epoch"
+        "after the trigger, and no epoch after it, the one that would carry the barrier, had "
+        "ended 1600 ms later, at the expiry; a barrier travels with an epoch"
     )
 
 
@@ -41,8 +41,8 @@ def test_no_epoch_ended_since_the_trigger() -> None:
     ends = EpochEnds()
     ends.ended(2, 4, 9_900)
     assert (ends.why_expired(_failed()) or "").startswith(
-        "No epoch ended between the trigger and the expiry: the epoch after epoch 4 (which "
-        "ended 100 ms before the trigger) had run 2100 ms;"
+        "No epoch ended between the trigger and the expiry: the last to end, epoch 4, ended "
+        "100 ms before the trigger and 2100 ms before the expiry;"
     )
 
 

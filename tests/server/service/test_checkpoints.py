@@ -133,8 +133,9 @@ def test_an_expired_checkpoint_names_the_epoch_that_outran_its_timeout(harness: 
     assert message.startswith(f"checkpoint {cid} of job {harness.job_id} expired")
     assert (
         "0/4 subtasks acknowledged; missing: pv[0], pv[1], source[0], source[1]. "
-        "Epoch 4 ended 300 ms after the trigger; the epoch after it, which would carry the "
-        "barrier, had run 4700 ms when the checkpoint expired; a barrier travels with an epoch"
+        "Epoch 4 ended 300 ms after the trigger, and no epoch after it, the one that would "
+        "carry the barrier, had ended 4700 ms later, at the expiry; a barrier travels with an "
+        "epoch"
     ) in message
     assert "--epoch-target-ms" in message and "--checkpoint-timeout" in message
     [abort] = [c for _, c in harness.commands() if isinstance(c, p.NotifyCheckpointAborted)]
@@ -150,8 +151,8 @@ def test_an_expired_checkpoint_without_an_epoch_end_since_its_trigger_says_so(
     cid = harness.trigger_periodic()  # 1 s later
     harness.tick(5000)
     assert (
-        "No epoch ended between the trigger and the expiry: the epoch after epoch 7 (which "
-        "ended 1000 ms before the trigger) had run 6000 ms; "
+        "No epoch ended between the trigger and the expiry: the last to end, epoch 7, ended "
+        "1000 ms before the trigger and 6000 ms before the expiry; "
     ) in (_row(harness, cid).failure_message or "")
 
 
