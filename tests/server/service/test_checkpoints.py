@@ -105,29 +105,15 @@ def test_timeout_expires_aborts_and_deletes_partial_state(harness: Harness) -> N
     assert not os.path.exists(chk)
 
 
-def _epoch_ended(h: Harness, epoch: int) -> None:
-    h.send(
-        1,
-        p.Heartbeat(
-            epoch=epoch,
-            records=100,
-            duration_ms=50.0,
-            records_per_second=2000.0,
-            source_lag=0,
-            host_time=0,
-        ),
-    )
-
-
 def test_an_expired_checkpoint_names_the_epoch_that_outran_its_timeout(harness: Harness) -> None:
     # Epoch 3 ends before the trigger, epoch 4 (running at the trigger) 300 ms after it;
     # epoch 5, which would carry the barrier, has not ended when the 5 s timeout passes.
     harness.start(timeout_ms=5000)
     harness.tick(200)
-    _epoch_ended(harness, 3)
+    harness.epoch_ended(1, 3)
     cid = harness.trigger_periodic()  # 1 s later
     harness.tick(300)
-    _epoch_ended(harness, 4)
+    harness.epoch_ended(1, 4)
     harness.tick(4700)
     message = _row(harness, cid).failure_message or ""
     assert message.startswith(f"checkpoint {cid} of job {harness.job_id} expired")
@@ -147,7 +133,7 @@ def test_an_expired_checkpoint_without_an_epoch_end_since_its_trigger_says_so(
 ) -> None:
     harness.start(timeout_ms=5000)
     harness.tick(700)
-    _epoch_ended(harness, 7)
+    harness.epoch_ended(1, 7)
     cid = harness.trigger_periodic()  # 1 s later
     harness.tick(5000)
     assert (
@@ -163,7 +149,7 @@ def test_an_expired_checkpoint_whose_epochs_ended_blames_no_epoch(harness: Harne
     cid = harness.trigger_periodic()
     for epoch in (1, 2):
         harness.tick(1000)
-        _epoch_ended(harness, epoch)
+        harness.epoch_ended(1, epoch)
     harness.tick(3000)
     message = _row(harness, cid).failure_message or ""
     assert message.endswith("missing: pv[0], pv[1], source[0], source[1]")

@@ -147,17 +147,7 @@ def test_epoch_heartbeats_keep_a_driver_alive_and_other_drivers_do_not(harness: 
     for epoch in range(1, 8):
         harness.tick(INTERVAL_MS)
         harness.driver_heartbeat(1, incarnation="another-process")  # not this driver's
-        harness.send(
-            1,
-            p.Heartbeat(
-                epoch=epoch,
-                records=10,
-                duration_ms=5.0,
-                records_per_second=2.0,
-                source_lag=0,
-                host_time=harness.clock.now_ms(),
-            ),
-        )
+        harness.epoch_ended(1, epoch)
     assert _job(harness).status == "RUNNING"
     harness.tick(TIMEOUT_MS)
     assert _job(harness).status == "RESTARTING"

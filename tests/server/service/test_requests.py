@@ -100,11 +100,6 @@ def _restored(h: Harness) -> dict[str, object]:
     return restored
 
 
-def _beat(h: Harness, attempt: int, epoch: int, **restore: float | int) -> None:
-    fields = dict(records=10, duration_ms=5.0, records_per_second=2.0, source_lag=0)
-    h.send(attempt, p.Heartbeat(epoch=epoch, host_time=h.clock.now_ms(), **fields, **restore))
-
-
 def test_the_latest_restore_shows_how_long_its_state_took_and_when_records_flowed(
     harness: Harness,
 ) -> None:
@@ -119,15 +114,17 @@ def test_the_latest_restore_shows_how_long_its_state_took_and_when_records_flowe
     assert [_restored(harness)[k] for k in timings] == [None, None, False]
     restored_at = _restored(harness)["restore_timestamp"]
     assert isinstance(restored_at, int)
-    _beat(harness, 2, 1, restore_duration_ms=84.5, first_record_after_restore=restored_at + 700)
-    _beat(harness, 2, 2)  # an epoch that restored nothing leaves them as they are
+    harness.epoch_ended(
+        2, 1, restore_duration_ms=84.5, first_record_after_restore=restored_at + 700
+    )
+    harness.epoch_ended(2, 2)  # an epoch that restored nothing leaves them as they are
     assert [_restored(harness)[k] for k in timings] == [84.5, restored_at + 700, True]
     harness.plane.restore(harness.job_id, second, None)
     harness.send(3, p.JobRestored(checkpoint_id=second))
     harness.running(3)
     assert _restored(harness)["id"] == second
     assert [_restored(harness)[k] for k in timings] == [None, None, False]
-    _beat(harness, 3, 1)  # its first epoch ended, restoring no keyed state (none reported)
+    harness.epoch_ended(3, 1)  # its first epoch ended, restoring no keyed state (none reported)
     assert [_restored(harness)[k] for k in timings] == [None, None, True]
 
 
