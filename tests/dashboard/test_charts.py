@@ -62,6 +62,9 @@ def test_history_duration_of_each_outcome() -> None:
     failed = _entry(3, status="FAILED", end_to_end_duration=None)
     assert history_duration(failed, now_ms=None) == 500.0  # until its latest acknowledgement
     assert history_duration({**failed, "latest_ack_timestamp": None}, now_ms=None) is None
+    ended = failed["trigger_timestamp"] + 2170
+    expired = {**failed, "latest_ack_timestamp": None, "failure_timestamp": ended}
+    assert history_duration(expired, now_ms=None) == 2170.0  # until it failed
 
 
 def test_restart_points_are_the_first_checkpoints_of_each_new_attempt() -> None:

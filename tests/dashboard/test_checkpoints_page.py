@@ -258,6 +258,7 @@ def test_history_row_of_a_failed_final_savepoint() -> None:
             num_acknowledged_subtasks=1,
             failure_reason="CHECKPOINT_DECLINED",
             failure_message="subtask pv #1 declined: state too large",
+            failure_timestamp=NOW - 10_000 + 1_250,
             external_path=None,
             discarded=True,
         ),
@@ -265,7 +266,8 @@ def test_history_row_of_a_failed_final_savepoint() -> None:
     )
     assert (row["status"], row["type"]) == ("FAILED", "savepoint (final)")
     assert row["status_style"]["color"] == "#dc2626"
-    assert (row["end_to_end_duration"], row["end_to_end_duration_text"]) == (None, DASH)
+    # How long it ran until it failed, as Flink's history shows a failed checkpoint's.
+    assert (row["end_to_end_duration"], row["end_to_end_duration_text"]) == (1250.0, "1.25 s")
     assert row["acknowledged_text"] == "1/4"
     assert (row["failure_reason"], row["failure_message"]) == (
         "CHECKPOINT_DECLINED",

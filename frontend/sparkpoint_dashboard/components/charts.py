@@ -152,7 +152,8 @@ def empty_figure(text: str) -> Figure:
 def history_duration(entry: dict[str, Any], now_ms: int | None) -> float | None:
     """The end-to-end duration of a history entry in ms; for one still in progress, how long it
     has been running (when ``now_ms`` is given); for a failed one without a duration, how long
-    it ran until its latest acknowledgement (or None)."""
+    it ran until it failed (as Flink's history shows it; an expired one: its timeout), or until
+    its latest acknowledgement when the failure time is not known (or None)."""
     duration = entry.get("end_to_end_duration")
     if duration is not None:
         return float(duration)
@@ -161,8 +162,8 @@ def history_duration(entry: dict[str, Any], now_ms: int | None) -> float | None:
         return None
     if entry.get("status") == "IN_PROGRESS" and now_ms is not None:
         return float(max(0, now_ms - trigger))
-    ack = entry.get("latest_ack_timestamp")
-    return float(max(0, ack - trigger)) if ack is not None else None
+    ended = entry.get("failure_timestamp") or entry.get("latest_ack_timestamp")
+    return float(max(0, ended - trigger)) if ended is not None else None
 
 
 def restart_points(entries: list[dict[str, Any]]) -> list[tuple[int, int]]:

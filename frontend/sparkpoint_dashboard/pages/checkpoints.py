@@ -11,7 +11,12 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient
 from sparkpoint_dashboard.components import job_header
-from sparkpoint_dashboard.components.charts import empty_figure, history_figure, type_label
+from sparkpoint_dashboard.components.charts import (
+    empty_figure,
+    history_duration,
+    history_figure,
+    type_label,
+)
 from sparkpoint_dashboard.components.widgets import (
     fetch,
     grid,
@@ -294,8 +299,9 @@ def history_row(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
         "trigger_timestamp": trigger,
         "trigger_timestamp_text": fmt_time(trigger),
         "trigger_short": fmt_time(trigger)[:19],
-        "end_to_end_duration": entry.get("end_to_end_duration"),
-        "end_to_end_duration_text": fmt_ms(entry.get("end_to_end_duration")),
+        # a failed checkpoint's: until it failed (history_duration), as in Flink's history
+        "end_to_end_duration": (took := history_duration(entry, None)),
+        "end_to_end_duration_text": fmt_ms(took),
         "checkpointed_size": entry.get("checkpointed_size"),
         "checkpointed_size_text": fmt_bytes(entry.get("checkpointed_size")),
         "state_size": entry.get("state_size"),
