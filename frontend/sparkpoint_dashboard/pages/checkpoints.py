@@ -367,7 +367,8 @@ def layout(route: Route) -> html.Div:
                 help_text=[
                     f"The last {HISTORY_LIMIT} checkpoints by trigger time: end-to-end duration "
                     "(trigger to last acknowledgement) above, checkpointed size below. Green "
-                    "completed, red ✕ failed, blue ring in progress (duration so far), purple "
+                    "completed, red ✕ failed (at how long it ran until it failed), blue ring in "
+                    "progress (duration so far), purple "
                     "diamond a savepoint; dotted lines mark a restart (a new job attempt). "
                     "Drag to zoom, double-click to reset.",
                 ],
