@@ -401,15 +401,17 @@ def job_failed(
 
 
 def fail_for_good(batch: Batch, rt: JobRuntime, cause: str, final: str | None = None) -> None:
-    """The job ends FAILED without a restart: FAILING, pending checkpoints aborted, the driver
-    told (``cause``), FAILED (``final``, else ``cause``)."""
+    """The job ends FAILED without a restart: FAILING, pending checkpoints aborted, FAILED
+    (``final``, else ``cause``), and the driver told so (``final``: its console says why the
+    restart strategy gave up)."""
     drop_restart(batch, rt)
     set_status(batch, rt, p.JobStatus.FAILING, cause)
     handle_failed(
         batch, rt, rt.coordinator.abort_all(Reason.JOB_FAILOVER_REGION, f"job failed: {cause}")
     )
-    batch.command(rt.job_id, rt.attempt, p.CancelJob(status=p.JobStatus.FAILED, cause=cause))
-    set_status(batch, rt, p.JobStatus.FAILED, final or cause)
+    told = final or cause
+    batch.command(rt.job_id, rt.attempt, p.CancelJob(status=p.JobStatus.FAILED, cause=told))
+    set_status(batch, rt, p.JobStatus.FAILED, told)
 
 
 def drop_restart(batch: Batch, rt: JobRuntime) -> None:

@@ -94,6 +94,10 @@ def test_fixed_delay_restarts_n_times_then_fails(harness: Harness) -> None:
     with harness.sessions() as s:
         actions = [e.action for e in s.scalars(select(JobException).order_by(JobException.id))]
     assert actions[0].startswith("restart in 10000 ms") and actions[2].startswith("no restart")
+    # The driver is told why no restart follows, as the job's status history says it.
+    [cancel] = [c for _, c in harness.commands() if isinstance(c, p.CancelJob)]
+    assert cancel.status is p.JobStatus.FAILED
+    assert (cancel.cause or "").endswith("(fixed-delay: failure 3 exceeds 2 attempts)")
 
 
 def test_failure_rate_counts_failures_in_its_interval(harness: Harness) -> None:
