@@ -63,9 +63,8 @@ class EpochEnds:
         if since:
             epoch, at = since[0]
             running = (
-                f"Epoch {epoch} ended {at - trigger} ms after the trigger, and no epoch after "
-                f"it, the one that would carry the barrier, had ended {expiry - at} ms later, "
-                "at the expiry"
+                f"Epoch {epoch} ended {at - trigger} ms after the trigger, and no epoch ended "
+                f"in the {expiry - at} ms from then to the expiry"
             )
         elif before:
             epoch, at = before[-1]

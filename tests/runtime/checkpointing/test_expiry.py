@@ -32,8 +32,8 @@ def test_the_epoch_running_at_the_trigger_ended_but_not_the_barriers() -> None:
     [f] = ends.explained([_failed()])
     assert f.message.startswith(
         "checkpoint 9 of job j expired before completing after 2000 ms. Epoch 5 ended 400 ms "
-        "after the trigger, and no epoch after it, the one that would carry the barrier, had "
-        "ended 1600 ms later, at the expiry; a barrier travels with an epoch"
+        "after the trigger, and no epoch ended in the 1600 ms from then to the expiry; a "
+        "barrier travels with an epoch"
     )
 
 

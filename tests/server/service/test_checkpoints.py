@@ -119,9 +119,8 @@ def test_an_expired_checkpoint_names_the_epoch_that_outran_its_timeout(harness: 
     assert message.startswith(f"checkpoint {cid} of job {harness.job_id} expired")
     assert (
         "0/4 subtasks acknowledged; missing: pv[0], pv[1], source[0], source[1]. "
-        "Epoch 4 ended 300 ms after the trigger, and no epoch after it, the one that would "
-        "carry the barrier, had ended 4700 ms later, at the expiry; a barrier travels with an "
-        "epoch"
+        "Epoch 4 ended 300 ms after the trigger, and no epoch ended in the 4700 ms from then "
+        "to the expiry; a barrier travels with an epoch"
     ) in message
     assert "--epoch-target-ms" in message and "--checkpoint-timeout" in message
     [abort] = [c for _, c in harness.commands() if isinstance(c, p.NotifyCheckpointAborted)]
