@@ -8,19 +8,21 @@ from typing import Any
 from dash import html
 
 from sparkpoint_dashboard import ids
+from sparkpoint_dashboard.components.state_handles import (
+    handle_kind,
+    handle_rows,
+    shared_text,
+    short_checksum,
+)
 from sparkpoint_dashboard.components.timeline import Straggler
 from sparkpoint_dashboard.pages.checkpoint import (
     checkpoint_views,
     failure_view,
-    handle_kind,
-    handle_rows,
     layout,
     not_found_text,
     operator_rows,
     output_text,
     pending_span,
-    shared_text,
-    short_checksum,
     spark_link_view,
     stragglers_view,
     summary_cards,

@@ -162,8 +162,19 @@ def history_duration(entry: dict[str, Any], now_ms: int | None) -> float | None:
         return None
     if entry.get("status") == "IN_PROGRESS" and now_ms is not None:
         return float(max(0, now_ms - trigger))
-    ended = entry.get("failure_timestamp") or entry.get("latest_ack_timestamp")
-    return float(max(0, ended - trigger)) if ended is not None else None
+    failed = failed_after(entry)
+    if failed is not None:
+        return float(failed)
+    ack = entry.get("latest_ack_timestamp")
+    return float(max(0, ack - trigger)) if ack is not None else None
+
+
+def failed_after(entry: dict[str, Any]) -> int | None:
+    """ms from a failed checkpoint's trigger to its failure (None: not known, or not failed)."""
+    trigger, failure = entry.get("trigger_timestamp"), entry.get("failure_timestamp")
+    if entry.get("status") != "FAILED" or not trigger or failure is None:
+        return None
+    return max(0, failure - trigger)
 
 
 def restart_points(entries: list[dict[str, Any]]) -> list[tuple[int, int]]:

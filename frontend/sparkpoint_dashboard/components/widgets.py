@@ -75,6 +75,17 @@ def message(text: str | None, kind: str = "error") -> html.Div | None:
 CELL_TEXT_TOOLTIP = {"function": "params.valueFormatted || params.value"}
 
 
+def number_column(field: str, header: str, **extra: Any) -> dict[str, Any]:
+    """A numeric grid column that sorts by ``field`` and shows ``<field>_text`` (with units)."""
+    return {
+        "field": field,
+        "headerName": header,
+        "type": "numericColumn",
+        "valueFormatter": {"function": f"params.data.{field}_text"},
+        **extra,
+    }
+
+
 def grid(
     grid_id: str,
     columns: list[dict[str, Any]],

@@ -12,8 +12,9 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient
 from sparkpoint_dashboard.components import job_header
-from sparkpoint_dashboard.components.charts import empty_figure, type_label
+from sparkpoint_dashboard.components.charts import empty_figure, failed_after, type_label
 from sparkpoint_dashboard.components.spark_links import spark_link_view
+from sparkpoint_dashboard.components.state_handles import HANDLE_COLUMNS, handle_rows
 from sparkpoint_dashboard.components.timeline import (
     Straggler,
     find_stragglers,
@@ -25,6 +26,7 @@ from sparkpoint_dashboard.components.widgets import (
     fetch,
     grid,
     message,
+    number_column,
     route_store,
     section,
     stat,
@@ -37,16 +39,6 @@ from sparkpoint_dashboard.units import DASH, fmt_age, fmt_bytes, fmt_ms, fmt_tim
 TERMINAL = {"COMPLETED", "FAILED"}
 
 
-def _number(field: str, header: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "field": field,
-        "headerName": header,
-        "type": "numericColumn",
-        "valueFormatter": {"function": f"params.data.{field}_text"},
-        **extra,
-    }
-
-
 OPERATOR_COLUMNS: list[dict[str, Any]] = [
     {"field": "operator", "headerName": "Operator", "minWidth": 180, "tooltipField": "id"},
     {
@@ -55,29 +47,13 @@ OPERATOR_COLUMNS: list[dict[str, Any]] = [
         "maxWidth": 140,
         "cellStyle": {"function": "params.data.status_style"},
     },
-    _number("acknowledged", "Acknowledged", maxWidth=140),
-    _number("end_to_end_duration", "End-to-end (slowest)"),
-    _number("checkpointed_size", "Checkpointed"),
-    _number("state_size", "State size"),
-    _number("alignment_buffered", "Align. buffered"),
+    number_column("acknowledged", "Acknowledged", maxWidth=140),
+    number_column("end_to_end_duration", "End-to-end (slowest)"),
+    number_column("checkpointed_size", "Checkpointed"),
+    number_column("state_size", "State size"),
+    number_column("alignment_buffered", "Align. buffered"),
     {"field": "stragglers", "headerName": "Stragglers", "type": "numericColumn", "maxWidth": 120},
 ]
-HANDLE_COLUMNS: list[dict[str, Any]] = [
-    {"field": "operator", "headerName": "Operator", "minWidth": 120},
-    {"field": "subtask", "headerName": "Subtask", "type": "numericColumn", "minWidth": 90},
-    {"field": "kind", "headerName": "Kind", "minWidth": 260, "tooltipField": "kind"},
-    {"field": "name", "headerName": "Name", "minWidth": 130},
-    {"field": "path", "headerName": "Path", "tooltipField": "path", "minWidth": 330},
-    _number("size", "Size", minWidth=90),
-    _number("shared_size", "Shared files", minWidth=150),
-    {
-        "field": "checksum_short",
-        "headerName": "Checksum",
-        "tooltipField": "checksum",
-        "minWidth": 190,
-    },
-]
-
 PHASE_HELP = [
     (
         "start delay",
@@ -155,11 +131,11 @@ def summary_cards(cp: dict[str, Any], now_ms: int) -> list[Any]:
     if e2e is None and status == "IN_PROGRESS" and trigger:
         duration, detail = fmt_ms(max(0, now_ms - trigger)), "so far"
     elif e2e is None and status == "FAILED":
-        failed_after = _failed_after(cp)
-        if failed_after is None:
+        ran = failed_after(cp)
+        if ran is None:
             duration, detail = DASH, "failed before completing"
         else:
-            duration, detail = fmt_ms(failed_after), "trigger to failure"
+            duration, detail = fmt_ms(ran), "trigger to failure"
     else:
         duration, detail = fmt_ms(e2e), "trigger to last ack"
         output = output_text(cp, now_ms)
@@ -245,69 +221,6 @@ def operator_rows(cp: dict[str, Any], stragglers: list[Straggler]) -> list[dict[
     return rows
 
 
-_FORMATS = {
-    "sparkpoint-keyed-state-v1": "canonical snapshot",
-    "rocksdb-native-v1": "RocksDB files",
-}
-
-
-def handle_kind(handle: dict[str, Any]) -> str:
-    """What a state handle holds: inline bytes, a shared (incremental) file, keyed state of a
-    key-group range, or operator state; and in which format (canonical, RocksDB's own)."""
-    if handle.get("inline"):
-        return "inline (in the metadata)"
-    start, end = handle.get("key_group_start"), handle.get("key_group_end")
-    keyed = f"keyed state, key groups {start} to {end}" if start is not None else "operator state"
-    fmt = handle.get("format")
-    if fmt:
-        keyed += f", {_FORMATS.get(fmt, fmt)}"
-    if "/shared/" in (handle.get("path") or ""):
-        return f"shared file ({keyed})"
-    return keyed
-
-
-def shared_text(handle: dict[str, Any]) -> str:
-    """``"12 files, 3.1 MB"``: the files of the job's shared/ directory a handle references."""
-    n = handle.get("shared_files") or 0
-    if not n:
-        return DASH
-    return f"{n} file{'s' if n != 1 else ''}, {fmt_bytes(handle.get('shared_size'))}"
-
-
-def short_checksum(checksum: str | None) -> str:
-    """``"sha256:abf5025e50df"`` (the algorithm and the first 12 hex digits)."""
-    if not checksum:
-        return DASH
-    algo, _, digest = checksum.partition(":")
-    return f"{algo}:{digest[:12]}" if digest else checksum[:12]
-
-
-def handle_rows(operators: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every state handle of every subtask, from the subtasks answers."""
-    rows = []
-    for op in operators:
-        for sub in op.get("subtasks") or []:
-            for n, handle in enumerate(sub.get("handles") or []):
-                path = handle.get("path") or ""
-                rows.append(
-                    {
-                        "id": f"{op['id']}/{sub['index']}/{n}",
-                        "operator": op.get("name") or op["id"],
-                        "subtask": sub["index"],
-                        "kind": handle_kind(handle),
-                        "name": path.rstrip("/").rsplit("/", 1)[-1] if path else "(inline)",
-                        "path": path or "(inline in _metadata)",
-                        "size": handle.get("size"),
-                        "size_text": fmt_bytes(handle.get("size")),
-                        "shared_size": handle.get("shared_size") or 0,
-                        "shared_size_text": shared_text(handle),
-                        "checksum": handle.get("checksum") or "",
-                        "checksum_short": short_checksum(handle.get("checksum")),
-                    }
-                )
-    return rows
-
-
 def stragglers_view(stragglers: list[Straggler]) -> Any:
     """The list of slow subtasks, or a line saying there are none."""
     if not stragglers:
@@ -329,16 +242,8 @@ def pending_span(cp: dict[str, Any], now_ms: int) -> float | None:
     trigger = cp.get("trigger_timestamp")
     if cp.get("status") == "IN_PROGRESS" and trigger:
         return float(max(1, now_ms - trigger))
-    failed_after = _failed_after(cp)
-    return None if failed_after is None else float(max(1, failed_after))
-
-
-def _failed_after(cp: dict[str, Any]) -> int | None:
-    """ms from a failed checkpoint's trigger to its failure (None: not known, or not failed)."""
-    trigger, failure = cp.get("trigger_timestamp"), cp.get("failure_timestamp")
-    if cp.get("status") != "FAILED" or not trigger or failure is None:
-        return None
-    return max(0, failure - trigger)
+    ran = failed_after(cp)
+    return None if ran is None else float(max(1, ran))
 
 
 def checkpoint_views(
