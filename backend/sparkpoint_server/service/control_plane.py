@@ -434,8 +434,8 @@ class ControlPlane:
         if self._driver_silent(rt, self._heard_until()):
             hb.driver_lost(batch, rt, self.settings.heartbeat_timeout_ms)
             return
-        expired = rt.coordinator.expire_overdue(self._heard_until())
-        d.handle_failed(batch, rt, rt.epoch_ends.explained(expired))
+        expired = rt.coordinator.expire_overdue(self._heard_until(), rt.epoch_ends.why_expired)
+        d.handle_failed(batch, rt, expired)
         if final.trigger_if_due(batch, rt):
             return
         # Flink suspends periodic checkpoints while a job stops with a savepoint or ends.

@@ -9,18 +9,15 @@ checkpoints that a completion subsumed, never what a method returned.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from sparkpoint.checkpointing.config import CheckpointConfig
-from sparkpoint.checkpointing.failure_manager import (
-    EXCEEDED_CHECKPOINT_TOLERABLE_FAILURE_MESSAGE,
-    CheckpointFailureManager,
-)
+from sparkpoint.checkpointing.failure_manager import CheckpointFailureManager
 from sparkpoint.checkpointing.pending import (
     AckResult,
     CheckpointFailureReason,
-    CheckpointTriggerError,
     CompletedCheckpoint,
     FailedCheckpoint,
     FailoverDecision,
@@ -42,6 +39,8 @@ from sparkpoint.errors import (
 from sparkpoint.protocol import CheckpointKind, SnapshotCompleted
 
 Reason = CheckpointFailureReason
+#: What to add to an expired checkpoint's message (None: nothing), from the failed checkpoint.
+Explain = Callable[[FailedCheckpoint], str | None]
 
 
 class CheckpointCoordinator:
@@ -202,22 +201,7 @@ class CheckpointCoordinator:
         """
         cfg, now = self._config, self._clock.monotonic_ms()
         if kind is CheckpointKind.CHECKPOINT and not is_final:
-            if len(self._pending) >= cfg.max_concurrent:
-                pending = ", ".join(map(str, self._pending))
-                raise CheckpointTriggerError(
-                    self.job_id,
-                    Reason.TOO_MANY_CHECKPOINT_REQUESTS,
-                    f"{len(self._pending)} checkpoint(s) pending ({pending}), "
-                    f"max concurrent is {cfg.max_concurrent}",
-                )
-            left = self._timing.pause_left(cfg.min_pause_ms, now)
-            if periodic and left > 0:
-                raise CheckpointTriggerError(
-                    self.job_id,
-                    Reason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
-                    f"minimum pause of {cfg.min_pause_ms} ms between checkpoints not over "
-                    f"({left:g} ms left)",
-                )
+            self._timing.check_trigger(self.job_id, cfg, list(self._pending), periodic, now)
         checkpoint = PendingCheckpoint(
             checkpoint_id=self._next_id,
             kind=kind,
@@ -280,7 +264,9 @@ class CheckpointCoordinator:
 
     # ------------------------------------------------------------------------- timers, aborts
 
-    def expire_overdue(self, now_ms: float | None = None) -> list[FailedCheckpoint]:
+    def expire_overdue(
+        self, now_ms: float | None = None, why: Explain | None = None
+    ) -> list[FailedCheckpoint]:
         """Fail as ``CHECKPOINT_EXPIRED`` every pending checkpoint whose timeout (the one
         configured at its trigger) has passed, exactly at the deadline included.
 
@@ -288,6 +274,8 @@ class CheckpointCoordinator:
             now_ms: The monotonic time to judge by; the clock's when None. The control plane
                 passes the time up to which it has read its inbox, so that acknowledgements
                 that arrived in time but were not read yet do not let a checkpoint expire.
+            why: What to add to an expired checkpoint's message (None: nothing), before it
+                counts against the tolerable failures: a failover's cause quotes it too.
         """
         now = self._clock.monotonic_ms() if now_ms is None else now_ms
         expired = []
@@ -299,7 +287,7 @@ class CheckpointCoordinator:
                     f"{pending.num_acknowledged}/{pending.num_subtasks} subtasks acknowledged; "
                     f"missing: {format_subtasks(pending.missing_subtasks())}"
                 )
-                expired.append(self._fail(pending, Reason.CHECKPOINT_EXPIRED, message))
+                expired.append(self._fail(pending, Reason.CHECKPOINT_EXPIRED, message, why=why))
         return expired
 
     def abort_all(self, reason: CheckpointFailureReason, message: str) -> list[FailedCheckpoint]:
@@ -454,11 +442,18 @@ class CheckpointCoordinator:
         return completed
 
     def _fail(
-        self, pending: PendingCheckpoint, reason: Reason, message: str, by: SubtaskKey | None = None
+        self,
+        pending: PendingCheckpoint,
+        reason: Reason,
+        message: str,
+        by: SubtaskKey | None = None,
+        why: Explain | None = None,
     ) -> FailedCheckpoint:
         del self._pending[pending.checkpoint_id]
         self._timing.failed(pending.trigger_monotonic_ms if pending.is_final else None)
         failed = pending.abort(reason, message, self._clock.now_ms(), by)
+        if why is not None and (text := why(failed)) is not None:
+            failed = replace(failed, message=f"{message}. {text}")
         self._report_failure(failed)
         return failed
 
@@ -470,11 +465,7 @@ class CheckpointCoordinator:
 
     def _report_failure(self, failed: FailedCheckpoint) -> None:
         if self.failure_manager.handle_failure(failed):
-            self._must_fail_cause = (
-                f"{EXCEEDED_CHECKPOINT_TOLERABLE_FAILURE_MESSAGE} Job {self.job_id}, "
-                f"tolerable failures {self.failure_manager.tolerable_failures}; last: "
-                f"{failed.message} ({failed.reason.value})"
-            )
+            self._must_fail_cause = self.failure_manager.exceeded_cause(self.job_id, failed)
 
     def _restart(
         self, cause: str, restore_from: CompletedCheckpoint | None, *, requested: bool = False

@@ -5,16 +5,16 @@ first epoch planned after the trigger reads its split, and a subtask acknowledge
 epoch has carried the barrier through it. An epoch that runs longer than the checkpoint
 timeout (a slow operator, an epoch planned too large) therefore expires the checkpoint, and
 ``0/4 subtasks acknowledged`` alone does not say so. :class:`EpochEnds` keeps when the
-latest epochs ended, on the authority's clock, and adds to an expired checkpoint's message
-which epoch ended last and how long before the expiry: how long no epoch ended.
+latest epochs ended, on the authority's clock; its :meth:`~EpochEnds.why_expired` is what the
+coordinator adds to an expired checkpoint's message (``expire_overdue(why=...)``), before the
+failure counts: which epoch ended last and how long before the expiry, how long no epoch ended.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 
-from sparkpoint.checkpointing.pending import CheckpointFailureReason, FailedCheckpoint
+from sparkpoint.checkpointing.pending import FailedCheckpoint
 
 __all__ = ["EpochEnds"]
 
@@ -39,15 +39,6 @@ class EpochEnds:
         """Epoch ``epoch`` of ``attempt`` ended at ``at_ms`` (the clock the checkpoints'
         trigger and failure times are on)."""
         self._ends.append((attempt, epoch, at_ms))
-
-    def explained(self, failed: list[FailedCheckpoint]) -> list[FailedCheckpoint]:
-        """``failed``, each expired checkpoint's message followed by :meth:`why_expired`."""
-        out = []
-        for f in failed:
-            expired = f.reason is CheckpointFailureReason.CHECKPOINT_EXPIRED
-            why = self.why_expired(f) if expired else None
-            out.append(f if why is None else replace(f, message=f"{f.message}. {why}"))
-        return out
 
     def why_expired(self, f: FailedCheckpoint) -> str | None:
         """How long no epoch had ended when the checkpoint ``f`` expired; None when two or

@@ -99,6 +99,13 @@ class CheckpointFailureManager:
             return True
         return False
 
+    def exceeded_cause(self, job_id: str, failed: FailedCheckpoint) -> str:
+        """The failover's cause when ``failed`` exceeded the tolerable number."""
+        return (
+            f"{EXCEEDED_CHECKPOINT_TOLERABLE_FAILURE_MESSAGE} Job {job_id}, tolerable failures "
+            f"{self._tolerable}; last: {failed.message} ({failed.reason.value})"
+        )
+
     def handle_success(self, checkpoint_id: int) -> None:
         """Account for a completed checkpoint; a newer one than the last resets the count."""
         if self._last_succeeded_id is None or checkpoint_id > self._last_succeeded_id:

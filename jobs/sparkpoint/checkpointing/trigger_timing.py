@@ -1,12 +1,17 @@
 """When a periodic checkpoint is due: the interval since the last regular trigger, and the
 minimum pause since the last checkpoint finished (Flink's ``CheckpointRequestDecider`` and
 ``minPauseBetweenCheckpoints``), on the monotonic clock; recorded wall-clock times of a host
-that restarted map back onto it. Also when a final checkpoint that failed is tried again."""
+that restarted map back onto it. Also when a final checkpoint that failed is tried again, and
+why a checkpoint may not trigger now."""
 
 from __future__ import annotations
 
 from sparkpoint.checkpointing.config import CheckpointConfig
-from sparkpoint.checkpointing.pending import FailedCheckpoint
+from sparkpoint.checkpointing.pending import (
+    CheckpointFailureReason,
+    CheckpointTriggerError,
+    FailedCheckpoint,
+)
 from sparkpoint.clock import Clock
 
 #: How long a failed final checkpoint waits before the next when periodic checkpoints are off.
@@ -68,6 +73,33 @@ class TriggerTiming:
         now = self._clock.monotonic_ms()
         interval = config.interval_ms or FINAL_RETRY_WITHOUT_INTERVAL_MS
         return max(interval - (now - triggered), config.min_pause_ms - (now - failed))
+
+    def check_trigger(
+        self, job_id: str, config: CheckpointConfig, pending: list[int], periodic: bool, now: float
+    ) -> None:
+        """Refuse a regular checkpoint while ``max_concurrent`` checkpoints are ``pending``
+        (savepoints included, as in Flink), and a periodic one also while the minimum pause is
+        not over.
+
+        Raises:
+            CheckpointTriggerError: with reason ``TOO_MANY_CHECKPOINT_REQUESTS`` or
+                ``MINIMUM_TIME_BETWEEN_CHECKPOINTS``.
+        """
+        if len(pending) >= config.max_concurrent:
+            raise CheckpointTriggerError(
+                job_id,
+                CheckpointFailureReason.TOO_MANY_CHECKPOINT_REQUESTS,
+                f"{len(pending)} checkpoint(s) pending ({', '.join(map(str, pending))}), "
+                f"max concurrent is {config.max_concurrent}",
+            )
+        left = self.pause_left(config.min_pause_ms, now)
+        if periodic and left > 0:
+            raise CheckpointTriggerError(
+                job_id,
+                CheckpointFailureReason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                f"minimum pause of {config.min_pause_ms} ms between checkpoints not over "
+                f"({left:g} ms left)",
+            )
 
     def pause_left(self, min_pause_ms: float, now: float) -> float:
         """Milliseconds of the minimum pause still to wait (<= 0: over)."""

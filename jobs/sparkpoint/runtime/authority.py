@@ -243,7 +243,7 @@ class InProcessAuthority(Authority):
 
     def _run_one_epoch(self, runner: EpochRunner) -> None:
         job, coordinator = self.job, self.coordinator
-        self._handle_failed(self._epoch_ends.explained(coordinator.expire_overdue()))
+        self._handle_failed(coordinator.expire_overdue(why=self._epoch_ends.why_expired))
         ending = job.planner.exhausted() or self._stopping
         if ending and (wait_ms := coordinator.final_wait_ms()) > 0:
             # The last final checkpoint failed: the next waits (TriggerTiming.final_wait).
@@ -290,7 +290,7 @@ class InProcessAuthority(Authority):
     # ------------------------------------------------------------------ EpochListener
     def before_acks(self) -> None:
         # A checkpoint whose timeout passed while the epoch ran: its acknowledgements are late.
-        self._handle_failed(self._epoch_ends.explained(self.coordinator.expire_overdue()))
+        self._handle_failed(self.coordinator.expire_overdue(why=self._epoch_ends.why_expired))
 
     def on_decline(self, attempt: int, decline: p.CheckpointDeclined) -> None:
         failed = self.coordinator.decline(

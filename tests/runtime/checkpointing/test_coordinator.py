@@ -7,12 +7,9 @@ from typing import Any
 import pytest
 
 from sparkpoint.checkpointing.config import CheckpointConfig
-from sparkpoint.checkpointing.coordinator import (
-    AckResult,
-    CheckpointCoordinator,
-    CheckpointTriggerError,
-)
+from sparkpoint.checkpointing.coordinator import AckResult, CheckpointCoordinator
 from sparkpoint.checkpointing.pending import CheckpointFailureReason as Reason
+from sparkpoint.checkpointing.pending import CheckpointTriggerError, FailedCheckpoint
 from sparkpoint.clock import ManualClock
 from sparkpoint.errors import (
     CheckpointError,
@@ -347,6 +344,35 @@ def test_exceeding_tolerable_failures_requires_failover_until_it_happens() -> No
     assert not coord.periodic_due()
     coord.failover(coord.must_fail_cause or "")
     assert not coord.must_fail_job
+
+
+def test_an_expiry_is_explained_before_it_counts_so_the_failover_cause_quotes_why() -> None:
+    coord, clock = make(timeout_ms=100, tolerable_failures=0)
+    seen: list[tuple[int, int, int]] = []
+
+    def why(f: FailedCheckpoint) -> str:
+        seen.append((f.checkpoint_id, f.trigger_timestamp, f.failure_timestamp))
+        return "no epoch ended"
+
+    coord.trigger()
+    clock.advance(100)
+    [failed] = coord.expire_overdue(why=why)
+    assert seen == [(1, START_WALL, START_WALL + 100)]
+    assert failed.message == (
+        "checkpoint 1 of job job-1 expired before completing after 100 ms: 0/3 subtasks "
+        "acknowledged; missing: pv[0], pv[1], src[0]. no epoch ended"
+    )
+    assert coord.must_fail_cause == (
+        "Exceeded checkpoint tolerable failure threshold. Job job-1, tolerable failures 0; last: "
+        f"{failed.message} (CHECKPOINT_EXPIRED)"
+    )
+    coord.failover(coord.must_fail_cause or "")
+    coord.trigger()
+    coord.decline(2, 2, "pv", 0, "disk full")  # a decline is not an expiry: nothing added
+    assert coord.must_fail_cause is not None and coord.must_fail_cause.endswith(
+        "declined by pv[0]: disk full (CHECKPOINT_DECLINED)"
+    )
+    assert len(seen) == 1
 
 
 def test_a_completion_resets_the_failure_count() -> None:

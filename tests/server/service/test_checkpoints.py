@@ -13,7 +13,7 @@ from tests.support.ports import free_port
 from sparkpoint import protocol as p
 from sparkpoint.transport import redis_client
 from sparkpoint_server.storage import checkpoint_stats
-from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job
+from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job, JobException
 
 RESTART_AFTER_1_S = {
     "restart-strategy.type": "fixed-delay",
@@ -125,6 +125,26 @@ def test_an_expired_checkpoint_names_the_epoch_that_outran_its_timeout(harness: 
     assert "--epoch-target-ms" in message and "--checkpoint-timeout" in message
     [abort] = [c for _, c in harness.commands() if isinstance(c, p.NotifyCheckpointAborted)]
     assert "Epoch 4 ended 300 ms after the trigger" in abort.reason  # the job's console too
+
+
+def test_a_failover_for_expired_checkpoints_quotes_why_the_last_one_expired(
+    harness: Harness,
+) -> None:
+    harness.start(timeout_ms=2000, tolerable_failures=0, restart_strategy=RESTART_AFTER_1_S)
+    harness.epoch_ended(1, 6)
+    cid = harness.trigger_periodic()
+    harness.tick(2000)
+    with harness.sessions() as s:
+        assert s.get(Job, harness.job_id).status == "RESTARTING"  # type: ignore[union-attr]
+        [exc] = s.scalars(select(JobException).where(JobException.job_id == harness.job_id))
+    assert exc.cause.startswith("Exceeded checkpoint tolerable failure threshold.")
+    assert (
+        f"last: checkpoint {cid} of job {harness.job_id} expired before completing after "
+        "2000 ms: 0/4 subtasks acknowledged; missing: pv[0], pv[1], source[0], source[1]. "
+        "No epoch ended between the trigger and the expiry: the last to end, epoch 6, ended "
+        "1000 ms before the trigger and 3000 ms before the expiry; "
+    ) in exc.cause
+    assert exc.cause.endswith("(CHECKPOINT_EXPIRED)")
 
 
 def test_an_expired_checkpoint_without_an_epoch_end_since_its_trigger_says_so(
