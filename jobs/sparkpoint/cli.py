@@ -141,6 +141,10 @@ def _client_command(ns: argparse.Namespace) -> int:
             if not jobs and not as_json:
                 print(f"no jobs: the control plane at {client.base_url} knows none")
             return 0
+        if ns.command in STATUS_COMMANDS:
+            from sparkpoint import cli_status
+
+            return _print_shown(cli_status, ns, client, as_json)
         if ns.command == "checkpoints":
             from sparkpoint import cli_checkpoints
 
@@ -181,6 +185,33 @@ def _client_command(ns: argparse.Namespace) -> int:
         return _api_error(ns.command, err, as_json)
     finally:
         client.close()
+
+
+#: The commands that show (and, given values, change) where a job stands: ``cli_status``.
+STATUS_COMMANDS = ("status", "exceptions", "config", "restart-strategy")
+
+
+def _print_shown(cli_status: Any, ns: argparse.Namespace, client: Any, as_json: bool) -> int:
+    """``sparkpoint status | exceptions | config | restart-strategy JOB``."""
+    job: str = ns.job_id
+    if ns.command == "status":
+        shown = cli_status.show_status(client, job)
+        text = cli_status.status_lines(shown)
+    elif ns.command == "exceptions":
+        shown = cli_status.show_exceptions(client, job, ns.limit)
+        text = cli_status.exceptions_lines(job, shown)
+    elif ns.command == "config":
+        shown = cli_status.change_config(client, job, ns)
+        text = cli_status.config_lines(job, shown)
+    else:  # restart-strategy: show it, or replace it by TYPE [KEY=VALUE ...]
+        path = f"/jobs/{job}/restart-strategy"
+        if ns.strategy:
+            shown = client.request("PUT", path, json=ns.strategy)
+        else:
+            shown = client.request("GET", path)
+        text = cli_status.restart_strategy_lines(job, shown)
+    print(json.dumps(shown) if as_json else "\n".join(text))
+    return 0
 
 
 #: ``--expires-in`` units, in seconds.
@@ -330,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             which = cmd.add_mutually_exclusive_group(required=True)
             which.add_argument("--checkpoint", type=int, help="a retained checkpoint's id")
             which.add_argument("--savepoint", help="a savepoint's (or checkpoint's) path")
+    _add_status_commands(sub, api_help, output_help)
     token = sub.add_parser("token", help="manage API tokens (needs an admin token)")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token; prints its secret once")
@@ -347,6 +379,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd.add_argument("--api", help=api_help)
         cmd.add_argument("--output", choices=["text", "json"], default="text", help=output_help)
     ns = parser.parse_args(args)
+    if ns.command == "restart-strategy" and ns.strategy:
+        from sparkpoint.cli_status import restart_strategy_body
+
+        try:
+            ns.strategy = restart_strategy_body(ns.strategy)
+        except argparse.ArgumentTypeError as err:
+            print(f"sparkpoint restart-strategy: {err}", file=sys.stderr)
+            return 2
     if ns.command == "run":
         return _run(ns.job, ns.args)
     if ns.command == "server":
@@ -361,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stop",
         "cancel",
         "restore",
+        *STATUS_COMMANDS,
     ):
         try:
             return _client_command(ns)
@@ -372,6 +413,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _token_command(ns)
     parser.error(f"unknown command {ns.command}")
     return 2
+
+
+def _add_status_commands(sub: Any, api_help: str, output_help: str) -> None:
+    from sparkpoint.cli_status import CONFIG_OPTIONS, parse_millis
+
+    helps = {
+        "status": "where a job stands: its status and why, its epochs and driver, its last "
+        "completed and failed checkpoints, its restart strategy and latest failures",
+        "exceptions": "a job's failures, newest first, with what the restart strategy did",
+        "config": "a job's checkpoint configuration; --interval, --timeout, --min-pause, "
+        "--tolerable-failures, --retained change it from the next trigger",
+        "restart-strategy": "a job's restart strategy; TYPE [KEY=VALUE ...] replaces it "
+        "(fixed-delay attempts=3 delay='10 s'; Flink's restart-strategy.* options)",
+    }
+    for name, what in helps.items():
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("job_id")
+        cmd.add_argument("--api", help=api_help)
+        cmd.add_argument("--output", choices=["text", "json"], default="text", help=output_help)
+        if name == "exceptions":
+            cmd.add_argument("--limit", type=int, default=20, help="failures, newest first (20)")
+        if name == "config":
+            for option, (_, is_duration) in CONFIG_OPTIONS.items():
+                cmd.add_argument(
+                    f"--{option.replace('_', '-')}",
+                    dest=option,
+                    type=parse_millis if is_duration else int,
+                    help="a duration: 500ms, 10s, 2m, 1h (0: off)" if is_duration else None,
+                )
+        if name == "restart-strategy":
+            cmd.add_argument(
+                "strategy",
+                nargs="*",
+                help="none | fixed-delay | failure-rate | exponential-delay, then KEY=VALUE",
+            )
 
 
 if __name__ == "__main__":

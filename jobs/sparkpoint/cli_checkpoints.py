@@ -13,16 +13,22 @@ from typing import Any
 from sparkpoint.console import size_text
 
 
-def _time(ms: int | None) -> str:
+def time_text(ms: int | None) -> str:
+    """A wall-clock time in ms as ``YYYY-MM-DD HH:MM:SS`` (UTC); ``-`` for None."""
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _duration(ms: float | None) -> str:
+def duration_text(ms: float | None) -> str:
+    """``41 ms``, ``12.5 s``, ``14 min``, ``3.2 h``; ``-`` for None."""
     if ms is None:
         return "-"
-    return f"{ms:,.0f} ms" if ms < 10_000 else f"{ms / 1000:,.1f} s"
+    if ms < 10_000:
+        return f"{ms:,.0f} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:,.1f} s"
+    return f"{ms / 60_000:,.0f} min" if ms < 7_200_000 else f"{ms / 3_600_000:,.1f} h"
 
 
 def _size(size: int | None) -> str:
@@ -51,7 +57,7 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
     latest = stats.get("latest") or {}
     restored = latest.get("restored")
     if restored:
-        at = f"{_time(restored.get('restore_timestamp'))} UTC"
+        at = f"{time_text(restored.get('restore_timestamp'))} UTC"
         if restored.get("id") is None and not restored.get("external_path"):
             lines.append(f"latest start: from the beginning at {at}")
         else:
@@ -71,8 +77,8 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
             h["status"],
             "savepoint" if h["is_savepoint"] else "checkpoint",
             str(h["attempt"]),
-            _time(h["trigger_timestamp"]),
-            _duration(_took(h)),
+            time_text(h["trigger_timestamp"]),
+            duration_text(_took(h)),
             _size(h["state_size"]),
             f"{h['num_acknowledged_subtasks']}/{h['num_subtasks']}",
             h.get("failure_message") or ("discarded" if h.get("discarded") else ""),
@@ -115,12 +121,12 @@ def details_lines(
     took, failed = details["end_to_end_duration"], details.get("failure_timestamp") is not None
     lines = [
         f"{kind} {details['id']} of job {job_id}: {details['status']}, attempt "
-        f"{details['attempt']}, triggered {_time(details['trigger_timestamp'])} UTC, "
+        f"{details['attempt']}, triggered {time_text(details['trigger_timestamp'])} UTC, "
         f"{details['num_acknowledged_subtasks']}/{details['num_subtasks']} subtasks "
         "acknowledged"
-        + (f", {_duration(took)} end to end" if took is not None else "")
+        + (f", {duration_text(took)} end to end" if took is not None else "")
         + (
-            f", failed {_duration(_took(details))} after the trigger"
+            f", failed {duration_text(_took(details))} after the trigger"
             if failed and took is None
             else ""
         )
@@ -142,12 +148,12 @@ def details_lines(
             [
                 str(s["index"]),
                 s["status"],
-                _time(s["ack_timestamp"]),
-                _duration(s["end_to_end_duration"]),
-                _duration(s["start_delay"]),
-                _duration(s["alignment"].get("duration")),
-                _duration(s["checkpoint"].get("sync")),
-                _duration(s["checkpoint"].get("async")),
+                time_text(s["ack_timestamp"]),
+                duration_text(s["end_to_end_duration"]),
+                duration_text(s["start_delay"]),
+                duration_text(s["alignment"].get("duration")),
+                duration_text(s["checkpoint"].get("sync")),
+                duration_text(s["checkpoint"].get("async")),
                 _size(s["state_size"]),
                 s.get("declined_reason") or "",
             ]

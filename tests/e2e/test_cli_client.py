@@ -235,3 +235,84 @@ def test_checkpoints_shows_the_history_and_why_a_checkpoint_failed(server: Serve
     # the write always finds the pipe closed): no traceback, exit 0.
     piped = _command(server, ["bash", "-c", f"set -o pipefail; {CLI} checkpoints {job} | true"])
     assert (piped.returncode, piped.stderr) == (0, ""), piped.stderr
+
+
+def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
+    server: ServerProcess,
+) -> None:
+    """What an operator paged about a job runs first: ``status`` (where it stands and why),
+    ``exceptions``, and the two settings they may change on the spot, against a real control
+    plane; the job's acknowledgement and failure sent, signed, as its driver would."""
+    job = "job-paged"
+    server.register_running_job(job)
+    wait_for("job-paged RUNNING", lambda: "RUNNING" in _cli(server, "list").stdout)
+    strategy = _cli(server, "restart-strategy", job, "fixed-delay", "attempts=2", "delay=1 h")
+    assert strategy.returncode == 0, strategy.stderr
+    assert strategy.stdout.splitlines() == [
+        f"job {job}: restart strategy fixed-delay: up to 2 restarts, 1 h apart",
+        "  restart-strategy.fixed-delay.attempts: 2",
+        "  restart-strategy.fixed-delay.delay: 1 h",
+        "  restart-strategy.type: fixed-delay",
+    ]
+    config = _cli(server, "config", job, "--interval", "5s", "--tolerable-failures", "2")
+    assert config.returncode == 0, config.stderr
+    assert config.stdout.splitlines()[:2] == [
+        f"job {job}: checkpoints exactly-once, every 5 s",
+        "timeout 10 min, minimum pause 0 ms, at most 1 at once, 2 tolerable failures, 1 retained",
+    ]
+    sink = RedisEventSink(
+        redis_client(REDIS_URL), Streams(prefix=server.prefix), signer=server.signer()
+    )
+    done = _in_progress(server, job)
+    now = int(time.time() * 1000)
+    sink.publish([p.envelope(job, 1, now, bare_ack(done, "source", 0, ack_timestamp=now))])
+    failure = p.TaskFailed(
+        epoch=7, cause="ValueError: cannot parse event 15000", operator_id="source", subtask=0
+    )
+    sink.publish([p.envelope(job, 1, now, failure)])
+    shown = wait_for(
+        "the failure in `sparkpoint status`",
+        lambda: "ValueError" in (out := _cli(server, "status", job)).stdout and out,
+    )
+    head, since, records, counts, completed, failover, restarts, title, failed = (
+        shown.stdout.splitlines()
+    )
+    assert head.startswith(f"job {job} (pv): RESTARTING, attempt 1, 0 restarts; started ")
+    cause = "epoch 7 of attempt 1 failed in source[0]: ValueError: cannot parse event 15000"
+    assert since.startswith("RESTARTING since ") and since.endswith(f" ago): {cause}")
+    assert records == "records read: 0; no epoch has ended yet"
+    assert counts == "checkpoints: 1 (1 completed, 0 failed, 0 in progress)"
+    assert completed.startswith(f"latest completed: {done}, ") and completed.endswith(
+        f"/{job}/chk-{done}"
+    )
+    assert failover == f"a failover restores: checkpoint {done}"
+    assert restarts == "restart strategy: fixed-delay: up to 2 restarts, 1 h apart"
+    assert title == "latest failures, newest first:"
+    # The cause names the epoch and the subtask already: the line does not repeat them.
+    assert re.fullmatch(
+        rf"  \S+ \S+ UTC  attempt 1  TASK_FAILURE: {re.escape(cause)} -> restart in "
+        r"3600000 ms \(fixed-delay: restart 1 of 2 in 1 h\)",
+        failed,
+    ), failed
+    listed = _cli(server, "exceptions", job).stdout.splitlines()
+    assert listed == [f"job {job}: 1 failure, newest first", failed.strip()]
+    as_json = json.loads(_cli(server, "status", job, "--output", "json").stdout)
+    assert as_json["job"]["state"] == "RESTARTING"
+    assert as_json["exceptions"]["entries"][0]["exceptionName"] == "TASK_FAILURE"
+    # Bad input: named, and nothing changes.
+    bad = _cli(server, "config", job, "--interval", "5x")
+    assert bad.returncode == 2 and "'5x' is not a duration" in bad.stderr
+    bad = _cli(server, "config", job, "--timeout", "0")
+    assert bad.returncode == 1 and "HTTP 400: timeout: " in bad.stderr
+    bad = _cli(server, "restart-strategy", job, "fixed-delay", "attempts")
+    assert (bad.returncode, bad.stderr) == (
+        2,
+        "sparkpoint restart-strategy: 'attempts' is not KEY=VALUE (attempts=3)\n",
+    )
+    bad = _cli(server, "restart-strategy", job, "fixed-delay", "tries=3")
+    assert bad.returncode == 1
+    assert "restart-strategy.fixed-delay.tries: unknown restart strategy option" in bad.stderr
+    unknown = _cli(server, "status", "no-such-job")
+    assert unknown.returncode == 1 and "HTTP 404: job no-such-job not found" in unknown.stderr
+    assert "every 5 s" in _cli(server, "config", job).stdout
+    assert "up to 2 restarts" in _cli(server, "restart-strategy", job).stdout

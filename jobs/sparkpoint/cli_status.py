@@ -1,0 +1,266 @@
+"""``sparkpoint status | exceptions | config | restart-strategy JOB``: where a job stands and
+what steers it, in the terminal, from the control plane's REST API.
+
+``status`` answers the first questions of someone paged about a job: its status and why it got
+there, whether its driver and epochs are alive, its last completed and last failed
+checkpoint, what a failover would restore, its restart strategy and its latest failures with
+what the strategy decided. ``exceptions`` lists the failures (Flink's exception history);
+``config`` and ``restart-strategy`` show a running job's checkpoint configuration and restart
+strategy, and change them (Flink's options) when given new values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from sparkpoint.cli_checkpoints import duration_text, failover_text, time_text
+from sparkpoint.console import size_text
+
+#: Failures ``status`` shows; ``exceptions`` shows more.
+STATUS_FAILURES = 3
+
+_MILLIS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|min|m|h)?\s*$")
+
+#: ``config``'s options: the PATCH field each sets, and whether it takes a duration.
+CONFIG_OPTIONS = {
+    "interval": ("interval", True),
+    "timeout": ("timeout", True),
+    "min_pause": ("min_pause", True),
+    "tolerable_failures": ("tolerable_failed_checkpoints", False),
+    "retained": ("retained", False),
+}
+
+
+def parse_millis(text: str) -> int:
+    """``500ms``, ``10s``, ``2m``, ``1h`` or a bare number of milliseconds, as milliseconds
+    (``0`` allowed: an interval of 0 turns periodic checkpoints off).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value that is not such a duration.
+    """
+    found = _DURATION.match(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: a whole number of ms, or with ms, s, m or h (30s)"
+        )
+    return int(found[1]) * _MILLIS[found[2] or "ms"]
+
+
+def setting_text(ms: int) -> str:
+    """A configured duration as it was likely given: ``500 ms``, ``5 s``, ``10 min``, ``1 h``."""
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size:,} {unit}"
+    return f"{ms:,} ms"
+
+
+def _ago(now: int, at: int | None) -> str:
+    if not at:
+        return "never"
+    return f"{time_text(at)} UTC ({duration_text(max(0, now - at))} ago)"
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def show_status(client: Any, job_id: str) -> dict[str, Any]:
+    """What ``sparkpoint status`` prints, as the API answered it (``--output json``)."""
+    base = f"/jobs/{job_id}"
+    return {
+        "job": client.request("GET", base),
+        "checkpoints": client.request("GET", f"{base}/checkpoints", params={"limit": 1}),
+        "exceptions": client.request(
+            "GET", f"{base}/exceptions", params={"limit": STATUS_FAILURES}
+        )["exceptionHistory"],
+        "restart_strategy": client.request("GET", f"{base}/restart-strategy"),
+    }
+
+
+def status_lines(shown: dict[str, Any]) -> list[str]:
+    """The text of what :func:`show_status` fetched."""
+    job, stats = shown["job"], shown["checkpoints"]
+    now = job["now"]
+    lines = [
+        f"job {job['jid']} ({job['name']}): {job['state']}, attempt {job['attempt']}, "
+        f"{job['restarts']} restart{'' if job['restarts'] == 1 else 's'}; started "
+        f"{_ago(now, job['start-time'])}"
+    ]
+    history = job["status-history"]
+    if history:
+        last = history[-1]
+        cause = f": {last['cause']}" if last.get("cause") else ""
+        lines.append(f"{last['status']} since {_ago(now, last['timestamp'])}{cause}")
+    lines += _liveness(job, now)
+    lines += _checkpoint_lines(stats, now)
+    lines.append(f"restart strategy: {shown['restart_strategy']['description']}")
+    guarantee = job.get("guarantee")
+    if guarantee:
+        why = f" ({guarantee['reason']})" if guarantee.get("reason") else ""
+        lines.append(f"guarantee: {guarantee['level'].replace('_', '-')}{why}")
+    spark = job.get("spark") or {}
+    if spark.get("ui-url") or spark.get("application-id"):
+        lines.append(
+            f"Spark: application {spark.get('application-id') or '-'}, UI "
+            f"{spark.get('ui-url') or '-'}"
+        )
+    entries = shown["exceptions"]["entries"]
+    if not entries:
+        return [*lines, "no failure recorded"]
+    more = ", older ones: sparkpoint exceptions" if shown["exceptions"]["truncated"] else ""
+    lines.append(f"latest failures, newest first{more}:")
+    return lines + [f"  {line}" for line in failure_lines(entries)]
+
+
+def _liveness(job: dict[str, Any], now: int) -> list[str]:
+    """The latest epoch's heartbeat and the driver's."""
+    throughput, driver = job["throughput"], job.get("driver") or {}
+    rate, lag = throughput.get("records-per-second"), throughput.get("source-lag")
+    line = f"records read: {throughput['records']:,}"
+    if not throughput.get("last-heartbeat"):
+        line += "; no epoch has ended yet"
+    else:
+        if rate is not None:
+            line += f", {rate:,.0f} records/s in the latest epoch"
+        if lag is not None:
+            line += f", source lag {lag:,.0f}"
+        line += f"; latest epoch ended {_ago(now, throughput['last-heartbeat'])}"
+    lines = [line]
+    if driver.get("heartbeat-interval"):
+        lines.append(
+            f"driver heartbeat: every {setting_text(driver['heartbeat-interval'])}, latest "
+            f"{_ago(now, driver.get('last-heartbeat'))}"
+        )
+    return lines
+
+
+def _checkpoint_lines(stats: dict[str, Any], now: int) -> list[str]:
+    counts, latest = stats["counts"], stats["latest"]
+    lines = [
+        f"checkpoints: {counts['total']} ({counts['completed']} completed, {counts['failed']} "
+        f"failed, {counts['in_progress']} in progress)"
+    ]
+    for label, entry in (
+        ("latest completed", latest.get("completed")),
+        ("latest savepoint", latest.get("savepoint")),
+    ):
+        if entry:
+            took = entry.get("end_to_end_duration")
+            parts = [
+                str(entry["id"]),
+                _ago(now, entry["trigger_timestamp"]),
+                f"{duration_text(took)} end to end",
+                size_text(entry.get("state_size") or 0),
+                *([entry["external_path"]] if entry.get("external_path") else []),
+            ]
+            lines.append(f"{label}: {', '.join(parts)}")
+    failed = latest.get("failed")
+    if failed:
+        lines.append(
+            f"latest failed: {failed['id']}, {_ago(now, failed.get('failure_timestamp'))}: "
+            f"{failed.get('failure_message') or failed.get('failure_reason') or 'no message'}"
+        )
+    if latest.get("failover"):
+        lines.append(f"a failover restores: {failover_text(latest['failover'])}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- exceptions
+
+
+def failure_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """One line per failure of an exception history, as given (newest first): when, which
+    attempt, epoch and subtask, its kind and cause, and what the restart strategy did."""
+    out = []
+    for e in entries:
+        cause = e["stacktrace"] or ""
+        where = [f"attempt {e['attempt']}"] if e.get("attempt") is not None else []
+        if e.get("epoch") is not None and f"epoch {e['epoch']} " not in cause:
+            where.append(f"epoch {e['epoch']}")
+        if e.get("taskName") and e["taskName"] not in cause:  # the cause names them already
+            where.append(e["taskName"])
+        action = f" -> {e['action']}" if e.get("action") else ""
+        out.append(
+            f"{time_text(e['timestamp'])} UTC  {', '.join(where)}  {e['exceptionName']}: "
+            f"{cause}{action}"
+        )
+    return out
+
+
+def show_exceptions(client: Any, job_id: str, limit: int) -> dict[str, Any]:
+    """``sparkpoint exceptions``: the newest ``limit`` failures (Flink's exception history)."""
+    answer = client.request("GET", f"/jobs/{job_id}/exceptions", params={"limit": limit})
+    history: dict[str, Any] = answer["exceptionHistory"]
+    return history
+
+
+def exceptions_lines(job_id: str, history: dict[str, Any]) -> list[str]:
+    entries = history["entries"]
+    if not entries:
+        return [f"job {job_id}: no failure recorded"]
+    older = "; older ones exist (--limit)" if history["truncated"] else ""
+    count = f"{len(entries)} failure{'' if len(entries) == 1 else 's'}"
+    return [f"job {job_id}: {count}, newest first{older}", *failure_lines(entries)]
+
+
+# ----------------------------------------------------------------------------- steering
+
+
+def change_config(client: Any, job_id: str, ns: argparse.Namespace) -> dict[str, Any]:
+    """``sparkpoint config``: the checkpoint configuration, changed first by the options
+    given (they apply from the next trigger)."""
+    patch = {
+        field: getattr(ns, option)
+        for option, (field, _) in CONFIG_OPTIONS.items()
+        if getattr(ns, option) is not None
+    }
+    path = f"/jobs/{job_id}/checkpoints/config"
+    answer: dict[str, Any] = (
+        client.request("PATCH", path, json=patch) if patch else client.request("GET", path)
+    )
+    return answer
+
+
+def config_lines(job_id: str, config: dict[str, Any]) -> list[str]:
+    interval = config["interval"]
+    lines = [
+        f"job {job_id}: checkpoints {config['mode'].replace('_', '-').lower()}, "
+        + (f"every {setting_text(interval)}" if interval else "periodic ones off"),
+        f"timeout {setting_text(config['timeout'])}, minimum pause "
+        f"{setting_text(config['min_pause'])}, at most {config['max_concurrent']} at once, "
+        f"{config['tolerable_failed_checkpoints']} tolerable failures, {config['retained']} "
+        "retained",
+        f"state backend {config.get('state_backend') or '-'}"
+        + (" (incremental)" if config.get("incremental") else "")
+        + f", storage {config.get('checkpoint_storage') or '-'} "
+        f"{config.get('checkpoint_dir') or ''}".rstrip(),
+        "changeable while it runs: " + ", ".join(config["changeable"]),
+    ]
+    return lines
+
+
+def restart_strategy_body(pairs: list[str]) -> dict[str, str]:
+    """``TYPE [KEY=VALUE ...]`` as Flink's options: a key without the ``restart-strategy.``
+    prefix is one of TYPE's own (``attempts=3`` of fixed-delay is
+    ``restart-strategy.fixed-delay.attempts``).
+
+    Raises:
+        argparse.ArgumentTypeError: a pair has no ``=``.
+    """
+    kind, *options = pairs
+    body = {"restart-strategy.type": kind}
+    for pair in options:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{pair!r} is not KEY=VALUE (attempts=3)")
+        if not key.startswith("restart-strategy."):
+            key = f"restart-strategy.{kind.lower()}.{key}"
+        body[key] = value
+    return body
+
+
+def restart_strategy_lines(job_id: str, answer: dict[str, Any]) -> list[str]:
+    options = [f"  {k}: {v}" for k, v in sorted(answer.items()) if k != "description"]
+    return [f"job {job_id}: restart strategy {answer['description']}", *options]
