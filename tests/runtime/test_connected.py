@@ -187,6 +187,8 @@ def test_a_failure_is_restored_by_the_control_plane_and_stale_commands_are_ignor
     assert line_counts(str(out)) == expected_every_lines(events)
     ((failed_env, failed),) = cp.of_type(p.TaskFailed)
     assert failed_env.attempt == 1 and "injected failure" in failed.cause
+    # The whole job restarts (one region), and the report names the subtask that raised it.
+    assert (failed.operator_id, failed.subtask, failed.region) == ("events", 1, None)
     # The control plane restored its latest completed checkpoint under attempt 2.
     restore = next(c for c in cp.sent_payloads(p.RestoreJob) if c.new_attempt == 2)
     restored = [(e.attempt, r.checkpoint_id) for e, r in cp.of_type(p.JobRestored)]

@@ -35,7 +35,7 @@ from sparkpoint.job_graph import Region
 from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
-from sparkpoint.runtime.failover import failover_region
+from sparkpoint.runtime.failover import failover_region, task_failed
 from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
     RestorePoint,
@@ -283,7 +283,7 @@ class InProcessAuthority(Authority):
             vertex = failed[0] if failed is not None else None
             region = failover_region(job.graph, self.options.failover_strategy, vertex)
             if region is None or failed is None:  # the whole job: every job of one region
-                self._on_failure(outcome.failure, outcome.epoch)
+                self._on_failure(outcome.failure, outcome.epoch, failed)
             else:
                 self._on_region_failure(outcome.failure, outcome.epoch, region, failed)
 
@@ -388,11 +388,12 @@ class InProcessAuthority(Authority):
                 )
             )
 
-    def _on_failure(self, cause: str, epoch: int) -> None:
-        """Steps: (1) report, (2) ask the restart strategy, (3) fail over, (4) restore."""
+    def _on_failure(self, cause: str, epoch: int, failed: tuple[str, int] | None) -> None:
+        """Steps: (1) report (naming the subtask that raised it, when known), (2) ask the
+        restart strategy, (3) fail over, (4) restore."""
         job = self.job
         # Step 1
-        job.publish(p.TaskFailed(epoch=epoch, cause=cause))
+        job.publish(task_failed(epoch, cause, failed, None))
         # Step 2
         decision = self.restart.on_failure(job.clock.now_ms())
         if not decision.restart:
@@ -422,16 +423,7 @@ class InProcessAuthority(Authority):
         every vertex), the other regions keep their working state and attempt."""
         job = self.job
         # Step 1
-        job.publish(
-            p.TaskFailed(
-                epoch=epoch,
-                cause=cause,
-                operator_id=failed[0],
-                subtask=failed[1],
-                region=region.name,
-                region_vertices=list(region.vertices),
-            )
-        )
+        job.publish(task_failed(epoch, cause, failed, region))
         # Step 2
         decision = self.restart.on_failure(job.clock.now_ms())
         if not decision.restart:

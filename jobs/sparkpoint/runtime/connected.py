@@ -36,7 +36,7 @@ from sparkpoint.runtime.driver_lease import DriverSupersededError
 from sparkpoint.runtime.epoch_commands import EpochCommandReader
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
-from sparkpoint.runtime.failover import failover_region
+from sparkpoint.runtime.failover import failover_region, task_failed
 from sparkpoint.runtime.plan import SplitRange
 from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
@@ -360,26 +360,15 @@ class ControlPlaneAuthority(Authority):
             self._end = (p.JobStatus.FINISHED, None)
 
     def _fail(self, epoch: int, cause: str, failed: tuple[str, int] | None = None) -> None:
-        """Report a failure and wait for the control plane's decision. A failure of a
-        subtask whose region the failover strategy restarts alone (not in a job of one
-        region) names it; the next ``restore`` then restores that region only."""
+        """Report a failure, naming the subtask that raised it when known, and wait for the
+        control plane's decision. A failure of a subtask whose region the failover strategy
+        restarts alone (not in a job of one region) names that region; the next ``restore``
+        then restores that region only."""
         job = self.job
         vertex = failed[0] if failed is not None else None
         region = failover_region(job.graph, job.options.failover_strategy, vertex)
         self._region = (region, epoch) if region is not None else None
-        if region is None or failed is None:
-            job.publish(p.TaskFailed(epoch=epoch, cause=cause))
-        else:
-            job.publish(
-                p.TaskFailed(
-                    epoch=epoch,
-                    cause=cause,
-                    operator_id=failed[0],
-                    subtask=failed[1],
-                    region=region.name,
-                    region_vertices=list(region.vertices),
-                )
-            )
+        job.publish(task_failed(epoch, cause, failed, region))
         self._awaiting_decision = True
 
     def _on_restore(self, command: p.RestoreJob) -> None:

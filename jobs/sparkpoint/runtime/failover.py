@@ -16,6 +16,7 @@ import enum
 import re
 from collections.abc import Iterator
 
+from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.job_graph import JobGraph, Region
 
@@ -84,3 +85,19 @@ def failover_region(graph: JobGraph, strategy: str, vertex: str | None) -> Regio
     if len(regions) < 2:
         return None
     return next((r for r in regions if vertex in r.vertices), None)
+
+
+def task_failed(
+    epoch: int, cause: str, failed: tuple[str, int] | None, region: Region | None
+) -> p.TaskFailed:
+    """The report of a failed epoch: the subtask that raised it when known (the exception
+    history names it, as Flink's names the failed task), and the region that restarts alone,
+    if any (None: the whole job)."""
+    return p.TaskFailed(
+        epoch=epoch,
+        cause=cause,
+        operator_id=failed[0] if failed is not None else None,
+        subtask=failed[1] if failed is not None else None,
+        region=region.name if region is not None else None,
+        region_vertices=list(region.vertices) if region is not None else None,
+    )
