@@ -138,7 +138,17 @@ class EventApplier:
     def _task_failed(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.TaskFailed) -> None:
         if not rt.active:
             return
-        where = f" in {ev.operator_id}[{ev.subtask}]" if ev.operator_id is not None else ""
+        where = ""
+        if ev.operator_id is not None:
+            where = f" in {ev.operator_id}[{ev.subtask}]"
+            # The vertex's chained operators (events -> check): which one raised is in the
+            # cause's traceback, and a vertex named by its source alone would mislead.
+            name = next(
+                (v.get("name") for v in rt.graph.get("vertices", []) if v["id"] == ev.operator_id),
+                None,
+            )
+            if name and name != ev.operator_id:
+                where += f" ({name})"
         d.job_failed(
             batch,
             rt,

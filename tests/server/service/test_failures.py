@@ -81,6 +81,21 @@ def test_no_restart_strategy_fails_the_job_at_the_first_failure(harness: Harness
     assert cancel.status is p.JobStatus.FAILED and "boom at epoch 4" in (cancel.cause or "")
 
 
+def test_a_failure_names_the_subtask_and_the_operators_chained_in_its_vertex(
+    harness: Harness,
+) -> None:
+    harness.start(restart_strategy={"restart-strategy.type": "none"})
+    harness.send(
+        1, p.TaskFailed(epoch=4, cause="ValueError: bad record", operator_id="source", subtask=1)
+    )
+    with harness.sessions() as s:
+        [exc] = s.scalars(select(JobException).where(JobException.job_id == harness.job_id))
+    assert exc.cause == (
+        "epoch 4 of attempt 1 failed in source[1] (source -> map): ValueError: bad record"
+    )
+    assert (exc.operator_id, exc.subtask) == ("source", 1)
+
+
 def test_fixed_delay_restarts_n_times_then_fails(harness: Harness) -> None:
     harness.start(restart_strategy=_strategy("fixed-delay", attempts=2, delay="10 s"))
     for attempt in (1, 2):
