@@ -72,8 +72,8 @@ def test_injected_failure_prints_no_traceback_of_the_killed_task(tmp_path: Path)
     raised = re.search(r"\) at unix time (\d+\.\d{3}) \(Spark's log", failure)
     assert raised is not None, failure
     assert failure == (
-        f"{prefix}: ERROR: attempt 1 failed in epoch 0: InjectedFailure: injected failure in "
-        "source events[0] at offset 2000 of generator-0 (job attempt 1, epoch 0) "
+        f"{prefix}: ERROR: attempt 1 failed in epoch 0 (events[0]): InjectedFailure: injected "
+        "failure in source events[0] at offset 2000 of generator-0 (job attempt 1, epoch 0) "
         f"at unix time {raised[1]} (Spark's log: {spark_log})"
     )
     assert (
