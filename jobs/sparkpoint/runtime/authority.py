@@ -388,7 +388,7 @@ class InProcessAuthority(Authority):
                 )
             )
 
-    def _on_failure(self, cause: str, epoch: int, failed: tuple[str, int] | None) -> None:
+    def _on_failure(self, cause: str, epoch: int, failed: tuple[str, int] | None = None) -> None:
         """Steps: (1) report (naming the subtask that raised it, when known), (2) ask the
         restart strategy, (3) fail over, (4) restore."""
         job = self.job
