@@ -254,7 +254,9 @@ def restart_strategy_body(pairs: list[str]) -> dict[str, str]:
     for pair in options:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise argparse.ArgumentTypeError(f"{pair!r} is not KEY=VALUE (attempts=3)")
+            raise argparse.ArgumentTypeError(
+                f"{pair!r} is not KEY=VALUE (attempts=3; quote a value with spaces: delay='10 s')"
+            )
         if not key.startswith("restart-strategy."):
             key = f"restart-strategy.{kind.lower()}.{key}"
         body[key] = value

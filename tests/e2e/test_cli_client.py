@@ -307,7 +307,8 @@ def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
     bad = _cli(server, "restart-strategy", job, "fixed-delay", "attempts")
     assert (bad.returncode, bad.stderr) == (
         2,
-        "sparkpoint restart-strategy: 'attempts' is not KEY=VALUE (attempts=3)\n",
+        "sparkpoint restart-strategy: 'attempts' is not KEY=VALUE (attempts=3; quote a value "
+        "with spaces: delay='10 s')\n",
     )
     bad = _cli(server, "restart-strategy", job, "fixed-delay", "tries=3")
     assert bad.returncode == 1
