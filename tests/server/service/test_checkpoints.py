@@ -6,12 +6,12 @@ import json
 import os
 from pathlib import Path
 
-from service_harness import Harness
+from service_harness import VERTICES, Harness
 from sqlalchemy import select
 from tests.support.ports import free_port
 
 from sparkpoint import protocol as p
-from sparkpoint.transport import redis_client
+from sparkpoint.transport import ReceivedMessage, redis_client
 from sparkpoint_server.storage import checkpoint_stats
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job, JobException
 
@@ -392,6 +392,41 @@ def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
     assert third == second + 1 and _row(harness, third).status == "COMPLETED"
     [(_, notified)] = harness.commands()
     assert isinstance(notified, p.NotifyCheckpointComplete) and notified.checkpoint_id == third
+
+
+def test_a_late_acknowledgement_in_the_batch_of_its_failover_loses_its_state_too(
+    harness: Harness,
+) -> None:
+    """A restarted driver's registration fails the job over, and the paused old driver's
+    acknowledgement comes right after it, in the same ingest batch. The checkpoint's FAILED
+    status is then the batch's own write, not in the database yet, so the stale
+    acknowledgement does not discard anything itself; its state goes all the same, with the
+    checkpoint's directory that the failover discards once the batch committed: the state was
+    written before its acknowledgement was sent, so before that batch was read."""
+    harness.start()
+    cid = harness.trigger_periodic()
+    chk = os.path.join(harness.checkpoint_dir, harness.job_id, f"chk-{cid}")
+    late = harness.ack(1, cid, "source", 0)  # the old driver wrote its state file
+    registered = p.JobRegistered(
+        job_name="pv",
+        vertices=VERTICES,
+        edges=[("source", "pv")],
+        config=harness.config(),
+        incarnation="driver-2",
+    )
+    now = harness.clock.now_ms()
+    harness.plane.handle_batch(
+        [
+            ReceivedMessage("1-1", p.envelope(harness.job_id, 0, now, registered), registered),
+            ReceivedMessage("1-2", p.envelope(harness.job_id, 1, now, late), late),
+        ]
+    )
+    harness.plane.wait_idle()
+    with harness.sessions() as s:
+        assert s.get(Job, harness.job_id).attempt == 2  # type: ignore[union-attr]
+    assert harness.stats.stale_messages == 1
+    assert _row(harness, cid).status == "FAILED"
+    assert not os.path.exists(chk)
 
 
 def test_the_state_of_a_late_acknowledgement_of_a_failed_over_attempt_goes(
