@@ -130,16 +130,13 @@ def _client_command(ns: argparse.Namespace) -> int:
     as_json = ns.output == "json"
     try:
         if ns.command == "list":
-            jobs = client.request("GET", "/jobs")["jobs"]
+            from sparkpoint.cli_status import job_list_lines
+
+            answer = client.request("GET", "/jobs")
             if as_json:
-                print(json.dumps({"jobs": jobs}))
-            width = max((len(j["id"]) for j in jobs), default=0)  # one column of ids
-            for j in [] if as_json else jobs:
-                print(
-                    f"{j['id']:<{width}}  {j['status']:<11} attempt {j['attempt']:<3} {j['name']}"
-                )
-            if not jobs and not as_json:
-                print(f"no jobs: the control plane at {client.base_url} knows none")
+                print(json.dumps({"jobs": answer["jobs"]}))
+            else:
+                print("\n".join(job_list_lines(answer, client.base_url)))
             return 0
         if ns.command in STATUS_COMMANDS:
             from sparkpoint import cli_status

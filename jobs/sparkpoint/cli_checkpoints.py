@@ -35,7 +35,7 @@ def _size(size: int | None) -> str:
     return "-" if size is None else size_text(size)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """Columns as wide as their widest cell, the last one left as it is."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     return [
@@ -88,7 +88,7 @@ def history_lines(job: dict[str, Any], stats: dict[str, Any]) -> list[str]:
     if not rows:
         return [*lines, "no checkpoint yet"]
     header = ["id", "status", "kind", "attempt", "triggered (UTC)", "duration", "size", "acks"]
-    return [*lines, *_table([*header, "failure"], rows)]
+    return [*lines, *table([*header, "failure"], rows)]
 
 
 def _took(entry: dict[str, Any]) -> float | None:
@@ -162,7 +162,7 @@ def details_lines(
         header = ["  subtask", "status", "acknowledged (UTC)", "end to end", "start delay"]
         header += ["alignment", "sync", "async", "state", "declined"]
         rows = [[f"  {r[0]}", *r[1:]] for r in rows]
-        lines += _table(header, rows)
+        lines += table(header, rows)
     return lines
 
 

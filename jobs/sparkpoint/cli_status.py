@@ -15,7 +15,7 @@ import argparse
 import re
 from typing import Any
 
-from sparkpoint.cli_checkpoints import duration_text, failover_text, time_text
+from sparkpoint.cli_checkpoints import duration_text, failover_text, table, time_text
 from sparkpoint.console import size_text
 
 #: Failures ``status`` shows; ``exceptions`` shows more.
@@ -61,6 +61,38 @@ def _ago(now: int, at: int | None) -> str:
     if not at:
         return "never"
     return f"{time_text(at)} UTC ({duration_text(max(0, now - at))} ago)"
+
+
+# ----------------------------------------------------------------------------- list
+
+
+def job_list_lines(answer: dict[str, Any], base_url: str) -> list[str]:
+    """``sparkpoint list``: one line per job, newest first: its status, attempt and
+    restarts, its last finished checkpoint (completed or failed, and when), its records per
+    second, its name."""
+    jobs = answer["jobs"]
+    if not jobs:
+        return [f"no jobs: the control plane at {base_url} knows none"]
+    rows = []
+    for j in jobs:
+        last = j.get("last-checkpoint")
+        rate = j.get("records-per-second")
+        rows.append(
+            [
+                j["id"],
+                j["status"],
+                str(j["attempt"]),
+                str(j["restarts"]),
+                f"{last['id']} {last['status']} {time_text(last['timestamp'])}" if last else "-",
+                f"{rate:,.0f}" if rate is not None else "-",
+                j["name"],
+            ]
+        )
+    header = ["id", "status", "attempt", "restarts", "last checkpoint (UTC)", "records/s"]
+    lines = table([*header, "name"], rows)
+    if answer.get("total", len(jobs)) > len(jobs):
+        lines.append(f"... and {answer['total'] - len(jobs)} more (the newest are listed)")
+    return lines
 
 
 # ----------------------------------------------------------------------------- status

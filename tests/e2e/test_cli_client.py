@@ -53,8 +53,12 @@ def test_list_cancel_and_errors_through_the_command_line(server: ServerProcess) 
         lambda: (out := _cli(server, "list")).stdout.count("RUNNING") == 2 and out,
     )
     assert "job-cli" in listed.stdout and "pv" in listed.stdout
-    lines = listed.stdout.splitlines()
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == [
+        "id", "status", "attempt", "restarts", "last", "checkpoint", "(UTC)", "records/s", "name",
+    ]  # fmt: skip
     assert len({line.index("RUNNING") for line in lines}) == 1, lines  # ids in one column
+    assert all(line.split()[2:5] == ["1", "0", "-"] for line in lines), lines  # no checkpoint
     cancel = _cli(server, "cancel", "job-cli")
     assert cancel.returncode == 0 and "cancelling job job-cli" in cancel.stdout
     assert "CANCELLING" in _cli(server, "list").stdout
@@ -294,6 +298,9 @@ def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
         r"3600000 ms \(fixed-delay: restart 1 of 2 in 1 h\)",
         failed,
     ), failed
+    [row] = [line for line in _cli(server, "list").stdout.splitlines() if line.startswith(job)]
+    assert row.split()[1:5] == ["RESTARTING", "1", "0", str(done)]
+    assert row.split()[5] == "COMPLETED" and row.endswith("  pv")
     listed = _cli(server, "exceptions", job).stdout.splitlines()
     assert listed == [f"job {job}: 1 failure, newest first", failed.strip()]
     as_json = json.loads(_cli(server, "status", job, "--output", "json").stdout)

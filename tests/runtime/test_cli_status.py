@@ -11,6 +11,7 @@ import pytest
 from sparkpoint.cli_status import (
     config_lines,
     exceptions_lines,
+    job_list_lines,
     parse_millis,
     restart_strategy_body,
     setting_text,
@@ -167,3 +168,25 @@ def test_durations_and_restart_strategy_options_are_parsed_or_refused_by_name() 
     }
     with pytest.raises(argparse.ArgumentTypeError, match="'=3' is not KEY=VALUE"):
         restart_strategy_body(["fixed-delay", "=3"])
+
+
+def test_the_job_list_shows_each_jobs_last_checkpoint_and_says_when_more_exist() -> None:
+    job = {
+        "id": "pv-1",
+        "status": "RUNNING",
+        "attempt": 2,
+        "restarts": 1,
+        "last-checkpoint": {"id": 41, "status": "FAILED", "timestamp": NOW},
+        "records-per-second": 16713.4,
+        "name": "pv",
+    }
+    fresh = {**job, "id": "fresh", "last-checkpoint": None, "records-per-second": None}
+    lines = job_list_lines({"jobs": [job, fresh], "total": 1002}, "http://cp:8081")
+    assert [line.split() for line in lines[1:3]] == [
+        ["pv-1", "RUNNING", "2", "1", "41", "FAILED", "2025-12-06", "05:46:40", "16,713", "pv"],
+        ["fresh", "RUNNING", "2", "1", "-", "-", "pv"],
+    ]
+    assert lines[3] == "... and 1000 more (the newest are listed)"
+    assert job_list_lines({"jobs": [], "total": 0}, "http://cp:8081") == [
+        "no jobs: the control plane at http://cp:8081 knows none"
+    ]
