@@ -191,7 +191,8 @@ def _checkpoint_lines(stats: dict[str, Any], now: int) -> list[str]:
     failed = latest.get("failed")
     if failed:
         lines.append(
-            f"latest failed: {failed['id']}, {_ago(now, failed.get('failure_timestamp'))}: "
+            f"latest failed: {failed['id']}, "
+            f"{_ago(now, failed.get('failure_timestamp') or failed['trigger_timestamp'])}: "
             f"{failed.get('failure_message') or failed.get('failure_reason') or 'no message'}"
         )
     if latest.get("failover"):
