@@ -126,7 +126,7 @@ def status_lines(shown: dict[str, Any]) -> list[str]:
         cause = f": {last['cause']}" if last.get("cause") else ""
         lines.append(f"{last['status']} since {_ago(now, last['timestamp'])}{cause}")
     lines += _liveness(job, now)
-    lines += _checkpoint_lines(stats, now)
+    lines += _checkpoint_lines(job["jid"], stats, now)
     lines.append(f"restart strategy: {shown['restart_strategy']['description']}")
     guarantee = job.get("guarantee")
     if guarantee:
@@ -168,12 +168,21 @@ def _liveness(job: dict[str, Any], now: int) -> list[str]:
     return lines
 
 
-def _checkpoint_lines(stats: dict[str, Any], now: int) -> list[str]:
+def _checkpoint_lines(job_id: str, stats: dict[str, Any], now: int) -> list[str]:
     counts, latest = stats["counts"], stats["latest"]
     lines = [
         f"checkpoints: {counts['total']} ({counts['completed']} completed, {counts['failed']} "
         f"failed, {counts['in_progress']} in progress)"
     ]
+    newest = (stats.get("history") or [None])[0]
+    if newest and newest["status"] == "IN_PROGRESS":  # what a stuck checkpoint waits for
+        kind = "savepoint" if newest.get("is_savepoint") else "checkpoint"
+        lines.append(
+            f"in progress: {kind} {newest['id']}, triggered "
+            f"{_ago(now, newest['trigger_timestamp'])}, {newest['num_acknowledged_subtasks']}/"
+            f"{newest['num_subtasks']} subtasks acknowledged (which: sparkpoint checkpoints "
+            f"{job_id} --id {newest['id']})"
+        )
     for label, entry in (
         ("latest completed", latest.get("completed")),
         ("latest savepoint", latest.get("savepoint")),

@@ -258,10 +258,11 @@ def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
         "  restart-strategy.fixed-delay.delay: 1 h",
         "  restart-strategy.type: fixed-delay",
     ]
-    config = _cli(server, "config", job, "--interval", "5s", "--tolerable-failures", "2")
+    # An interval longer than the test: no periodic checkpoint comes in between.
+    config = _cli(server, "config", job, "--interval", "1h", "--tolerable-failures", "2")
     assert config.returncode == 0, config.stderr
     assert config.stdout.splitlines()[:2] == [
-        f"job {job}: checkpoints exactly-once, every 5 s",
+        f"job {job}: checkpoints exactly-once, every 1 h",
         "timeout 10 min, minimum pause 0 ms, at most 1 at once, 2 tolerable failures, 1 retained",
     ]
     sink = RedisEventSink(
@@ -322,5 +323,5 @@ def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
     assert "restart-strategy.fixed-delay.tries: unknown restart strategy option" in bad.stderr
     unknown = _cli(server, "status", "no-such-job")
     assert unknown.returncode == 1 and "HTTP 404: job no-such-job not found" in unknown.stderr
-    assert "every 5 s" in _cli(server, "config", job).stdout
+    assert "every 1 h" in _cli(server, "config", job).stdout
     assert "up to 2 restarts" in _cli(server, "restart-strategy", job).stdout

@@ -51,8 +51,18 @@ def _shown(**job: Any) -> dict[str, Any]:
     return {
         "job": {**base, **job},
         "checkpoints": {
-            "counts": {"total": 12, "completed": 11, "failed": 1, "in_progress": 0},
+            "counts": {"total": 13, "completed": 11, "failed": 1, "in_progress": 1},
             "latest": {"completed": None, "savepoint": None, "failed": failed},
+            "history": [
+                {
+                    "id": 13,
+                    "status": "IN_PROGRESS",
+                    "is_savepoint": False,
+                    "trigger_timestamp": NOW - 4000,
+                    "num_acknowledged_subtasks": 3,
+                    "num_subtasks": 4,
+                }
+            ],
         },
         "exceptions": {
             "entries": [
@@ -83,6 +93,10 @@ def test_a_failed_job_says_why_when_its_epochs_and_driver_last_spoke() -> None:
     )
     assert lines[3].startswith("driver heartbeat: every 2 s, latest ")
     assert lines[5] == (
+        "in progress: checkpoint 13, triggered 2025-12-06 05:46:36 UTC (4,000 ms ago), 3/4 "
+        "subtasks acknowledged (which: sparkpoint checkpoints pv-1 --id 13)"
+    )
+    assert lines[6] == (
         "latest failed: 12, 2025-12-06 05:45:10 UTC (90.0 s ago): checkpoint 12 of job pv-1 "
         "expired before completing after 2000 ms"
     )
