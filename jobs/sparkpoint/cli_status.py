@@ -15,6 +15,7 @@ import argparse
 import re
 from typing import Any
 
+from sparkpoint.checkpointing.restart import format_duration
 from sparkpoint.cli_checkpoints import duration_text, failover_text, table, time_text
 from sparkpoint.console import size_text
 
@@ -47,14 +48,6 @@ def parse_millis(text: str) -> int:
             f"{text!r} is not a duration: a whole number of ms, or with ms, s, m or h (30s)"
         )
     return int(found[1]) * _MILLIS[found[2] or "ms"]
-
-
-def setting_text(ms: int) -> str:
-    """A configured duration as it was likely given: ``500 ms``, ``5 s``, ``10 min``, ``1 h``."""
-    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
-        if ms and ms % size == 0:
-            return f"{ms // size:,} {unit}"
-    return f"{ms:,} ms"
 
 
 def _ago(now: int, at: int | None) -> str:
@@ -162,7 +155,7 @@ def _liveness(job: dict[str, Any], now: int) -> list[str]:
     lines = [line]
     if driver.get("heartbeat-interval"):
         lines.append(
-            f"driver heartbeat: every {setting_text(driver['heartbeat-interval'])}, latest "
+            f"driver heartbeat: every {format_duration(driver['heartbeat-interval'])}, latest "
             f"{_ago(now, driver.get('last-heartbeat'))}"
         )
     return lines
@@ -269,9 +262,9 @@ def config_lines(job_id: str, config: dict[str, Any]) -> list[str]:
     interval = config["interval"]
     lines = [
         f"job {job_id}: checkpoints {config['mode'].replace('_', '-').lower()}, "
-        + (f"every {setting_text(interval)}" if interval else "periodic ones off"),
-        f"timeout {setting_text(config['timeout'])}, minimum pause "
-        f"{setting_text(config['min_pause'])}, at most {config['max_concurrent']} at once, "
+        + (f"every {format_duration(interval)}" if interval else "periodic ones off"),
+        f"timeout {format_duration(config['timeout'])}, minimum pause "
+        f"{format_duration(config['min_pause'])}, at most {config['max_concurrent']} at once, "
         f"{config['tolerable_failed_checkpoints']} tolerable failures, {config['retained']} "
         "retained",
         f"state backend {config.get('state_backend') or '-'}"

@@ -296,7 +296,7 @@ def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
     # The cause names the epoch and the subtask already: the line does not repeat them.
     assert re.fullmatch(
         rf"  \S+ \S+ UTC  attempt 1  TASK_FAILURE: {re.escape(cause)} -> restart in "
-        r"3600000 ms \(fixed-delay: restart 1 of 2 in 1 h\)",
+        r"1 h \(fixed-delay: restart 1 of 2 in 1 h\)",
         failed,
     ), failed
     [row] = [line for line in _cli(server, "list").stdout.splitlines() if line.startswith(job)]

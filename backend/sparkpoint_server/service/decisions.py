@@ -22,6 +22,7 @@ from sparkpoint.checkpointing.pending import (
     FailoverDecision,
     PendingCheckpoint,
 )
+from sparkpoint.checkpointing.restart import format_duration
 from sparkpoint_server.coordination.job import (
     ORIGIN_PIN,
     RESTORE_PIN,
@@ -371,7 +372,7 @@ def job_failed(
     decision = rt.restart.on_failure(batch.now)
     scope = f"restart region {region}" if region is not None else "restart"
     action = (
-        f"{scope} in {decision.delay_ms} ms ({decision.message})"
+        f"{scope} in {format_duration(decision.delay_ms)} ({decision.message})"
         if decision.restart
         else f"no restart: {decision.message}"
     )

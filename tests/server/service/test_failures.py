@@ -108,7 +108,7 @@ def test_fixed_delay_restarts_n_times_then_fails(harness: Harness) -> None:
     assert _job(harness).status == "FAILED"
     with harness.sessions() as s:
         actions = [e.action for e in s.scalars(select(JobException).order_by(JobException.id))]
-    assert actions[0].startswith("restart in 10000 ms") and actions[2].startswith("no restart")
+    assert actions[0].startswith("restart in 10 s (") and actions[2].startswith("no restart")
     # The driver is told why no restart follows, as the job's status history says it.
     [cancel] = [c for _, c in harness.commands() if isinstance(c, p.CancelJob)]
     assert cancel.status is p.JobStatus.FAILED
@@ -241,5 +241,5 @@ def test_a_region_failure_is_recorded_with_the_region_it_restarts(harness: Harne
     with harness.sessions() as s:
         [exc] = s.scalars(select(JobException).where(JobException.job_id == harness.job_id))
     assert (exc.operator_id, exc.subtask) == ("a-count", 1)
-    assert exc.action.startswith("restart region a-events (a-events, a-count) in 2000 ms (")
+    assert exc.action.startswith("restart region a-events (a-events, a-count) in 2 s (")
     assert _job(harness).status == "RESTARTING"  # a region restart counts as a restart

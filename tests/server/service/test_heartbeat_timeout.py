@@ -77,7 +77,7 @@ def test_a_running_job_whose_heartbeats_stop_fails_over_with_the_cause(harness: 
     assert "no heartbeat from the driver" in entry["stacktrace"]
     assert "for 50 s" in entry["stacktrace"] and harness.job_id in entry["stacktrace"]
     assert f"the last one arrived at {_iso(last)}" in entry["stacktrace"]
-    assert entry["action"].startswith("restart in 5000 ms")
+    assert entry["action"].startswith("restart in 5 s (")
     harness.tick(5000)  # the fixed delay: the restore is decided, and kept for a new driver
     [restore] = _restores(harness)
     assert restore.new_attempt == 2
