@@ -432,12 +432,13 @@ def _add_status_commands(sub: Any, api_help: str, output_help: str) -> None:
         if name == "exceptions":
             cmd.add_argument("--limit", type=int, default=20, help="failures, newest first (20)")
         if name == "config":
-            for option, (_, is_duration) in CONFIG_OPTIONS.items():
+            for option, (_, is_duration, what) in CONFIG_OPTIONS.items():
                 cmd.add_argument(
                     f"--{option.replace('_', '-')}",
                     dest=option,
                     type=parse_millis if is_duration else int,
-                    help="a duration: 500ms, 10s, 2m, 1h (0: off)" if is_duration else None,
+                    metavar="DURATION" if is_duration else "N",
+                    help=what,
                 )
         if name == "restart-strategy":
             cmd.add_argument(

@@ -25,13 +25,17 @@ STATUS_FAILURES = 3
 _MILLIS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|min|m|h)?\s*$")
 
-#: ``config``'s options: the PATCH field each sets, and whether it takes a duration.
+#: ``config``'s options: the PATCH field each sets, whether it takes a duration, its help.
 CONFIG_OPTIONS = {
-    "interval": ("interval", True),
-    "timeout": ("timeout", True),
-    "min_pause": ("min_pause", True),
-    "tolerable_failures": ("tolerable_failed_checkpoints", False),
-    "retained": ("retained", False),
+    "interval": ("interval", True, "between periodic checkpoints (500ms, 10s, 2m, 1h); 0: off"),
+    "timeout": ("timeout", True, "before a pending checkpoint expires"),
+    "min_pause": ("min_pause", True, "from a checkpoint's end to the next's trigger"),
+    "tolerable_failures": (
+        "tolerable_failed_checkpoints",
+        False,
+        "consecutive failed checkpoints tolerated before a failover",
+    ),
+    "retained": ("retained", False, "completed checkpoints kept"),
 }
 
 
@@ -248,7 +252,7 @@ def change_config(client: Any, job_id: str, ns: argparse.Namespace) -> dict[str,
     given (they apply from the next trigger)."""
     patch = {
         field: getattr(ns, option)
-        for option, (field, _) in CONFIG_OPTIONS.items()
+        for option, (field, _, _) in CONFIG_OPTIONS.items()
         if getattr(ns, option) is not None
     }
     path = f"/jobs/{job_id}/checkpoints/config"
