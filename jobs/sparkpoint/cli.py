@@ -413,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _add_status_commands(sub: Any, api_help: str, output_help: str) -> None:
-    from sparkpoint.cli_status import CONFIG_OPTIONS, parse_millis
+    from sparkpoint.cli_status import CONFIG_OPTIONS, millis
 
     helps = {
         "status": "where a job stands: its status and why, its epochs and driver, its last "
@@ -436,7 +436,7 @@ def _add_status_commands(sub: Any, api_help: str, output_help: str) -> None:
                 cmd.add_argument(
                     f"--{option.replace('_', '-')}",
                     dest=option,
-                    type=parse_millis if is_duration else int,
+                    type=millis if is_duration else int,
                     metavar="DURATION" if is_duration else "N",
                     help=what,
                 )

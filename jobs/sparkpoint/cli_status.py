@@ -12,22 +12,23 @@ strategy, and change them (Flink's options) when given new values.
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
 from sparkpoint.checkpointing.restart import format_duration
 from sparkpoint.cli_checkpoints import duration_text, failover_text, table, time_text
 from sparkpoint.console import size_text
+from sparkpoint.option_parser import seconds
 
 #: Failures ``status`` shows; ``exceptions`` shows more.
 STATUS_FAILURES = 3
 
-_MILLIS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|min|m|h)?\s*$")
-
 #: ``config``'s options: the PATCH field each sets, whether it takes a duration, its help.
 CONFIG_OPTIONS = {
-    "interval": ("interval", True, "between periodic checkpoints (500ms, 10s, 2m, 1h); 0: off"),
+    "interval": (
+        "interval",
+        True,
+        "between periodic checkpoints, in s or with a unit (500ms, 2min); 0: off",
+    ),
     "timeout": ("timeout", True, "before a pending checkpoint expires"),
     "min_pause": ("min_pause", True, "from a checkpoint's end to the next's trigger"),
     "tolerable_failures": (
@@ -39,19 +40,18 @@ CONFIG_OPTIONS = {
 }
 
 
-def parse_millis(text: str) -> int:
-    """``500ms``, ``10s``, ``2m``, ``1h`` or a bare number of milliseconds, as milliseconds
-    (``0`` allowed: an interval of 0 turns periodic checkpoints off).
+def millis(text: str) -> int:
+    """``config``'s durations, read as ``sparkpoint run`` reads its times (seconds, ``1.5``,
+    or a number and a unit, ``500ms``, ``10s``, ``2min``), in milliseconds: ``--timeout 10``
+    is 10 s here as ``--checkpoint-timeout 10`` is there.
 
     Raises:
-        argparse.ArgumentTypeError: naming the value that is not such a duration.
+        argparse.ArgumentTypeError: naming the value that is not such a time, or negative.
     """
-    found = _DURATION.match(text)
-    if found is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration: a whole number of ms, or with ms, s, m or h (30s)"
-        )
-    return int(found[1]) * _MILLIS[found[2] or "ms"]
+    ms = round(seconds(text) * 1000)
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: negative")
+    return ms
 
 
 def _ago(now: int, at: int | None) -> str:

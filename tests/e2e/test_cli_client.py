@@ -309,7 +309,7 @@ def test_status_exceptions_config_and_restart_strategy_through_the_command_line(
     assert as_json["exceptions"]["entries"][0]["exceptionName"] == "TASK_FAILURE"
     # Bad input: named, and nothing changes.
     bad = _cli(server, "config", job, "--interval", "5x")
-    assert bad.returncode == 2 and "'5x' is not a duration" in bad.stderr
+    assert bad.returncode == 2 and "'5x' is not a time" in bad.stderr
     bad = _cli(server, "config", job, "--timeout", "0")
     assert bad.returncode == 1 and "HTTP 400: timeout: " in bad.stderr
     bad = _cli(server, "restart-strategy", job, "fixed-delay", "attempts")

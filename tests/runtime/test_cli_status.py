@@ -12,7 +12,7 @@ from sparkpoint.cli_status import (
     config_lines,
     exceptions_lines,
     job_list_lines,
-    parse_millis,
+    millis,
     restart_strategy_body,
     status_lines,
 )
@@ -150,18 +150,24 @@ def test_config_reads_as_it_was_given() -> None:
 
 
 def test_durations_and_restart_strategy_options_are_parsed_or_refused_by_name() -> None:
-    assert [parse_millis(t) for t in ("0", "250", "500ms", "10s", "2m", "2min", "1h")] == [
+    # As `sparkpoint run` reads --checkpoint-timeout: a bare number is seconds.
+    times = ("0", "10", "1.5", "500ms", "10s", "10 s", "2m", "2min", "1h")
+    assert [millis(t) for t in times] == [
         0,
-        250,
+        10_000,
+        1500,
         500,
+        10_000,
         10_000,
         120_000,
         120_000,
         3_600_000,
     ]
-    for bad in ("", "-1", "1.5s", "10 days", "s"):
-        with pytest.raises(argparse.ArgumentTypeError, match="is not a duration"):
-            parse_millis(bad)
+    for bad in ("", "1.5s", "5x", "s", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a time"):
+            millis(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="'-1' is not a time: negative"):
+        millis("-1")
     assert restart_strategy_body(
         [
             "exponential-delay",
