@@ -139,9 +139,11 @@ def _client_command(ns: argparse.Namespace) -> int:
                 print("\n".join(job_list_lines(answer, client.base_url)))
             return 0
         if ns.command in STATUS_COMMANDS:
-            from sparkpoint import cli_status
+            from sparkpoint.cli_status import shown_and_text
 
-            return _print_shown(cli_status, ns, client, as_json)
+            shown, text = shown_and_text(client, ns)
+            print(json.dumps(shown) if as_json else "\n".join(text))
+            return 0
         if ns.command == "checkpoints":
             from sparkpoint import cli_checkpoints
 
@@ -186,29 +188,6 @@ def _client_command(ns: argparse.Namespace) -> int:
 
 #: The commands that show (and, given values, change) where a job stands: ``cli_status``.
 STATUS_COMMANDS = ("status", "exceptions", "config", "restart-strategy")
-
-
-def _print_shown(cli_status: Any, ns: argparse.Namespace, client: Any, as_json: bool) -> int:
-    """``sparkpoint status | exceptions | config | restart-strategy JOB``."""
-    job: str = ns.job_id
-    if ns.command == "status":
-        shown = cli_status.show_status(client, job)
-        text = cli_status.status_lines(shown)
-    elif ns.command == "exceptions":
-        shown = cli_status.show_exceptions(client, job, ns.limit)
-        text = cli_status.exceptions_lines(job, shown)
-    elif ns.command == "config":
-        shown = cli_status.change_config(client, job, ns)
-        text = cli_status.config_lines(job, shown)
-    else:  # restart-strategy: show it, or replace it by TYPE [KEY=VALUE ...]
-        path = f"/jobs/{job}/restart-strategy"
-        if ns.strategy:
-            shown = client.request("PUT", path, json=ns.strategy)
-        else:
-            shown = client.request("GET", path)
-        text = cli_status.restart_strategy_lines(job, shown)
-    print(json.dumps(shown) if as_json else "\n".join(text))
-    return 0
 
 
 #: ``--expires-in`` units, in seconds.

@@ -54,6 +54,28 @@ def millis(text: str) -> int:
     return ms
 
 
+def shown_and_text(client: Any, ns: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """What ``sparkpoint status | exceptions | config | restart-strategy JOB`` fetched (or
+    changed), as the API answered it (``--output json``), and its text."""
+    job: str = ns.job_id
+    if ns.command == "status":
+        shown = show_status(client, job)
+        return shown, status_lines(shown)
+    if ns.command == "exceptions":
+        shown = show_exceptions(client, job, ns.limit)
+        return shown, exceptions_lines(job, shown)
+    if ns.command == "config":
+        shown = change_config(client, job, ns)
+        return shown, config_lines(job, shown)
+    # restart-strategy: show it, or replace it by TYPE [KEY=VALUE ...] (restart_strategy_body)
+    path = f"/jobs/{job}/restart-strategy"
+    if ns.strategy:
+        shown = client.request("PUT", path, json=ns.strategy)
+    else:
+        shown = client.request("GET", path)
+    return shown, restart_strategy_lines(job, shown)
+
+
 def _ago(now: int, at: int | None) -> str:
     if not at:
         return "never"
