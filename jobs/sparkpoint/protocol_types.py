@@ -177,6 +177,10 @@ class StateHandleModel(ProtocolModel):
     format: str | None = None
     shared: list[SharedFileModel] = []
     states: list[StateDescriptorModel] = []  # the keyed states in this snapshot
+    # Keyed state: the operator's max parallelism (its number of key groups) when it was taken;
+    # a restore with another is refused before it starts. None: not keyed state, or a snapshot
+    # written before it was recorded.
+    max_parallelism: Parallelism | None = None
 
     @property
     def is_native(self) -> bool:

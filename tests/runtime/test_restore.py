@@ -151,7 +151,17 @@ def test_a_checkpoint_that_does_not_fit_the_job_is_refused_before_spark_runs(
     latest = completed_checkpoint_dirs(tmp_path, "src")[-1]
     with pytest.raises(ConfigurationError, match=r"positions of source splits \['generator-0'"):
         run_pv(spark, tmp_path, "three", splits=3, from_checkpoint=f"file://{latest}")
+    # Key groups are the key's hash modulo the max parallelism: another one is refused at
+    # once, naming the operator and the value to run with (it failed every restore in a task).
     meta = json.loads((latest / "_metadata").read_text())
+    keyed = [h for a in meta["acks"] if a["operator_id"] == "pv" for h in a["handles"]]
+    assert [h["max_parallelism"] for h in keyed] == [128, 128]
+    with pytest.raises(
+        ConfigurationError,
+        match=r"keyed state of pv with max parallelism 128, and this job's is 64: every key "
+        r"would change key group. Run with --max-parallelism 128",
+    ):
+        run_pv(spark, tmp_path, "max64", max_parallelism=64, from_checkpoint=f"file://{latest}")
     for ack in meta["acks"]:
         ack["operator_id"] = ack["operator_id"].replace("pv", "views")
     (latest / "_metadata").write_text(json.dumps(meta))

@@ -122,6 +122,7 @@ class Harness:
         *,
         heartbeat_interval_ms: int | None = None,
         previous_failure: str | None = None,
+        vertices: list[p.VertexModel] = VERTICES,
         **config: Any,
     ) -> None:
         """``job_registered``; ``heartbeat_interval_ms``: a driver that sends heartbeats."""
@@ -130,7 +131,7 @@ class Harness:
             0,
             p.JobRegistered(
                 job_name="pv",
-                vertices=VERTICES,
+                vertices=vertices,
                 edges=[("source", "pv")],
                 config=conf,
                 incarnation=incarnation,

@@ -26,6 +26,7 @@ from sparkpoint.errors import (
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, StorageLocationError
 from sparkpoint.runtime.recovery import (
     RestorePoint,
+    max_parallelism_changed,
     restore_point_from_metadata,
     storage_for_checkpoint_path,
 )
@@ -113,15 +114,26 @@ def check_target(plane: ControlPlane, rt: JobRuntime, field: str, value: str | N
 
 
 def check_restore_point(plane: ControlPlane, rt: JobRuntime, point: RestorePoint) -> None:
-    """Refuse a checkpoint whose state does not fit the job, or whose handles (their paths and
-    a native snapshot's shared files) point outside the job's storage roots (a crafted
-    ``_metadata`` must not make the server read any file)."""
+    """Refuse a checkpoint whose state does not fit the job (operators it lacks, keyed state
+    of another max parallelism), or whose handles (their paths and a native snapshot's shared
+    files) point outside the job's storage roots (a crafted ``_metadata`` must not make the
+    server read any file)."""
     unknown = sorted({a.operator_id for a in point.acks} - set(rt.tasks))
     if unknown:
         raise InvalidRequestError(
             "savepoint_path",
             f"checkpoint {point.checkpoint_id} has state of operators {unknown} that job "
             f"{rt.job_id} does not have (its operators: {sorted(rt.tasks)})",
+        )
+    keyed = {v["id"]: v.get("max_parallelism") for v in rt.graph.get("vertices", [])}
+    changed = max_parallelism_changed(point, keyed)
+    if changed is not None:
+        operator, found, expected = changed
+        raise InvalidRequestError(
+            "savepoint_path",
+            f"checkpoint {point.checkpoint_id} holds the keyed state of {operator} with max "
+            f"parallelism {found}, and job {rt.job_id} runs with {expected}: every key would "
+            f"change key group. Start a new job from it with --max-parallelism {found}",
         )
     roots = plane.roots.of_job(rt.config)
     for ack in point.acks:

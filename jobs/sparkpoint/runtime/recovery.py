@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fsspec.core import split_protocol
@@ -72,8 +72,9 @@ def check_restore_point(
 ) -> RestorePoint:
     """Refuse a checkpoint that does not fit the job: state of operators the job lacks
     (unless ``allow_non_restored_state``: that state is then skipped, as Flink's
-    ``--allowNonRestoredState``), or source positions of splits other than the job's (a
-    silent mismatch would lose state or replay input from the start).
+    ``--allowNonRestoredState``), keyed state taken with another max parallelism, or source
+    positions of splits other than the job's (a silent mismatch would lose state or replay
+    input from the start).
 
     Returns:
         The point to restore: without the operators the job lacks, when those are allowed.
@@ -110,6 +111,16 @@ def check_restore_point(
             for a in point.acks
         )
         point = RestorePoint(point.checkpoint_id, point.attempt, kept, point.external_path)
+    keyed = {v.uid: v.max_parallelism for v in graph.keyed_vertices}
+    changed = max_parallelism_changed(point, keyed)
+    if changed is not None:
+        operator, found, expected = changed
+        raise ConfigurationError(
+            f"{_named(point)} holds the keyed state of {operator} with max parallelism "
+            f"{found}, and this job's is {expected}: every key would change key group. Run "
+            f"with --max-parallelism {found}, the value it was taken with (Flink's "
+            "pipeline.max-parallelism; it cannot change across a restore)"
+        )
     splits = set(graph.split_ids())
     positions = set(point.source_positions())
     if positions != splits:
@@ -118,6 +129,28 @@ def check_restore_point(
             f"splits {sorted(positions)}, but the job's source has {sorted(splits)}"
         )
     return point
+
+
+def max_parallelism_changed(
+    point: RestorePoint, expected: Mapping[str, int | None]
+) -> tuple[str, int, int] | None:
+    """The first keyed operator whose state in ``point`` was taken with another max
+    parallelism than ``expected`` gives it (operator id -> max parallelism): (operator, the
+    checkpoint's, the expected), or None. Key groups are the key's hash modulo the max
+    parallelism, so such state cannot be restored (Flink refuses it too). Snapshots that did
+    not record theirs are checked as each subtask restores them."""
+    for ack in point.acks:
+        want = expected.get(ack.operator_id)
+        for handle in ack.handles:
+            found = handle.max_parallelism
+            if want is not None and found is not None and found != want:
+                return ack.operator_id, found, want
+    return None
+
+
+def _named(point: RestorePoint) -> str:
+    where = f" ({point.external_path})" if point.external_path else ""
+    return f"checkpoint {point.checkpoint_id}{where}"
 
 
 def newest_restorable(

@@ -74,13 +74,16 @@ class _SnapshotTarget:
     key_group_range: KeyGroupRange
     incremental: bool
     states: list[p.StateDescriptorModel]  # recorded in each handle (and so in _metadata)
+    max_parallelism: int  # recorded in each handle: a restore with another is refused early
     uploaded: int = 0  # bytes written this time (Flink's checkpointed size)
     full: int = 0  # bytes the snapshot references in all (Flink's state size)
 
     def write(self, data: bytes, *, fmt: str) -> p.StateHandleModel:
         handle = self.storage.write_state(
             self.job_id, self.checkpoint_id, self.name, data, key_group_range=self.key_group_range
-        ).model_copy(update={"format": fmt, "states": self.states})
+        ).model_copy(
+            update={"format": fmt, "states": self.states, "max_parallelism": self.max_parallelism}
+        )
         self.uploaded += handle.size
         self.full += handle.size
         return handle
@@ -97,7 +100,7 @@ class _SnapshotTarget:
             reused,
             key_group_range=self.key_group_range,
             fmt=fmt,
-        ).model_copy(update={"states": self.states})
+        ).model_copy(update={"states": self.states, "max_parallelism": self.max_parallelism})
         reused_paths = {r.path for r in reused}
         shared_bytes = sum(f.size for f in handle.shared)
         new_shared = sum(f.size for f in handle.shared if f.path not in reused_paths)
@@ -195,6 +198,7 @@ class SubtaskCheckpointer:
                     p.StateDescriptorModel(name=i.name, kind=i.kind, serializer=i.serializer)
                     for i in self.backend.state_infos.values()
                 ],
+                max_parallelism=self.backend.max_parallelism,
             )
             upload = self._pool.submit(_materialize, capture, target)
         self._inflight.append(

@@ -164,6 +164,7 @@ def test_a_from_checkpoint_with_a_missing_file_is_not_restored_again_on_failover
     )
     job.graph = SimpleNamespace(
         tasks=lambda: {"pv": 1},
+        keyed_vertices=[SimpleNamespace(uid="pv", max_parallelism=128)],
         split_ids=lambda: ["s-0"],
         source=SimpleNamespace(source=SimpleNamespace(split_ids=lambda: ["s-0"])),
     )

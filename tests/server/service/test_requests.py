@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from service_harness import Harness
+from service_harness import VERTICES, Harness
 
 from sparkpoint import protocol as p
 from sparkpoint_server.errors import (
@@ -164,6 +164,49 @@ def test_restore_from_a_savepoint_path(harness: Harness, tmp_path: os.PathLike[s
     restore_request = harness.plane.restore(harness.job_id, None, location)
     [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
     assert restore.savepoint_path == location and restore.request_id == restore_request
+
+
+def test_a_savepoint_of_another_max_parallelism_is_refused_naming_the_value(
+    harness: Harness,
+) -> None:
+    """Key groups are the key's hash modulo the max parallelism: keyed state taken with
+    another cannot be restored (the job's tasks would refuse it at every restart)."""
+    keyed = p.VertexModel(
+        id="pv", name="pv -> sink", parallelism=2, max_parallelism=128, operators=["pv", "sink"]
+    )
+    harness.start(vertices=[VERTICES[0], keyed])
+    request = harness.plane.trigger_savepoint(harness.job_id, None, cancel_job=False)
+    [trigger] = [c for _, c in harness.commands() if isinstance(c, p.TriggerCheckpoint)]
+    harness.ack_all(1, trigger.checkpoint_id)
+    location = _op(harness, request).location
+    assert location is not None
+    metadata_file = os.path.join(location.removeprefix("file://"), "_metadata")
+    with open(metadata_file) as fh:
+        metadata = json.load(fh)
+    for ack in metadata["acks"]:  # as a job with --max-parallelism 64 records its handles
+        if ack["operator_id"] == "pv":
+            for handle in ack["handles"]:
+                handle["max_parallelism"] = 64
+    with open(metadata_file, "w") as fh:
+        json.dump(metadata, fh)
+    harness.commands()
+    with pytest.raises(
+        InvalidRequestError,
+        match=f"checkpoint {trigger.checkpoint_id} holds the keyed state of pv with max "
+        f"parallelism 64, and job {harness.job_id} runs with 128: every key would change key "
+        "group. Start a new job from it with --max-parallelism 64",
+    ):
+        harness.plane.restore(harness.job_id, None, location)
+    assert [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)] == []
+    # The same value restores.
+    for ack in metadata["acks"]:
+        for handle in ack["handles"]:
+            if ack["operator_id"] == "pv":
+                handle["max_parallelism"] = 128
+    with open(metadata_file, "w") as fh:
+        json.dump(metadata, fh)
+    harness.plane.restore(harness.job_id, None, location)
+    assert [type(c) for _, c in harness.commands()] == [p.RestoreJob]
 
 
 def test_cancel_and_stop_with_savepoint(harness: Harness, tmp_path: os.PathLike[str]) -> None:
