@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import tempfile
 import uuid
@@ -70,6 +71,27 @@ class JobOptions:
     quiet: bool = False
     log_format: str = "text"
     log_every: int = 10
+
+
+def check_epoch_options(options: JobOptions) -> None:
+    """Refuse epoch sizes that would stall the job (an epoch of no record never ends the
+    input) or that the planner cannot size by (a target that is not a positive number).
+
+    Raises:
+        ConfigurationError: naming the option.
+    """
+    if not (math.isfinite(options.epoch_target_ms) and options.epoch_target_ms > 0):
+        raise ConfigurationError(
+            f"--epoch-target-ms must be a number > 0 ms, got {options.epoch_target_ms:g}"
+        )
+    if options.max_epoch_records < 1:
+        raise ConfigurationError(
+            f"--max-epoch-records must be >= 1 records, got {options.max_epoch_records}"
+        )
+    if options.min_epoch_records < 1:
+        raise ConfigurationError(
+            f"min_epoch_records must be >= 1 records, got {options.min_epoch_records}"
+        )
 
 
 def check_state_options(options: JobOptions) -> None:
@@ -230,6 +252,7 @@ def parse_job_options(
         log_every=ns.log_every,
     )
     check_state_options(options)
+    check_epoch_options(options)
     return options, rest
 
 

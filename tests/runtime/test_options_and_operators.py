@@ -54,6 +54,13 @@ def test_product_options_and_job_arguments_are_split() -> None:
         (["--mode", "sometimes"], "argument --mode: invalid choice: 'sometimes'"),
         (["--retained", "0"], "--retained must be >= 1 checkpoints, got 0"),
         (["--tolerable-failures", "-1"], "--tolerable-failures must be >= 0 checkpoints"),
+        # An epoch of no record never ends the input: the job ran on, reading nothing.
+        (["--max-epoch-records", "0"], "--max-epoch-records must be >= 1 records, got 0"),
+        (["--max-epoch-records", "-5"], "--max-epoch-records must be >= 1 records, got -5"),
+        (["--epoch-target-ms", "0"], "--epoch-target-ms must be a number > 0 ms, got 0"),
+        (["--epoch-target-ms", "-1"], "--epoch-target-ms must be a number > 0 ms, got -1"),
+        (["--epoch-target-ms", "inf"], "--epoch-target-ms must be a number > 0 ms, got inf"),
+        (["--epoch-target-ms", "nan"], "--epoch-target-ms must be a number > 0 ms, got nan"),
     ],
 )
 def test_invalid_options_name_the_option(argv: list[str], message: str) -> None:

@@ -38,7 +38,7 @@ from sparkpoint.console import Console, ConsoleEventSink
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.events import EventSink, FanOutEventSink, InMemoryEventSink, JsonLinesEventSink
 from sparkpoint.graph import JobGraph
-from sparkpoint.options import JobOptions, check_state_options
+from sparkpoint.options import JobOptions, check_epoch_options, check_state_options
 from sparkpoint.runtime.authority import (
     Authority,
     InProcessAuthority,
@@ -108,6 +108,7 @@ class JobDriver:
         ``in_process``: no Spark at all, the epochs run in this process
         (:class:`~sparkpoint.runtime.local.LocalEpochRunner`, for tests)."""
         check_state_options(options)
+        check_epoch_options(options)
         check_failover_strategy(options.failover_strategy)
         self.graph = graph
         self.options = options
