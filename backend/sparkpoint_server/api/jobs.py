@@ -34,6 +34,11 @@ from sparkpoint_server.storage import job_overview, queries
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_token)])
 
 History = Annotated[int | None, Query(ge=1, le=10_000, description="How many entries.")]
+# Flink's name of the exception history's limit (``limit`` wins when both are given).
+MaxExceptions = Annotated[
+    int | None,
+    Query(alias="maxExceptions", ge=1, le=10_000, description="Flink's name for `limit`."),
+]
 
 
 @router.get(
@@ -162,8 +167,13 @@ def job_throughput(
     responses={**answer(ExceptionHistory), **errors(404)},
 )
 def job_exceptions(
-    job_id: JobId, sessions: SessionsDep, settings: SettingsDep, limit: History = None
+    job_id: JobId,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    limit: History = None,
+    max_exceptions: MaxExceptions = None,
 ) -> JSONResponse:
+    wanted = limit or max_exceptions or settings.default_history
     with sessions() as session:
-        history = queries.exception_history(session, job_id, limit or settings.default_history)
+        history = queries.exception_history(session, job_id, wanted)
     return json_response({"exceptionHistory": history})

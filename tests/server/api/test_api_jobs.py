@@ -307,6 +307,14 @@ def test_exceptions_are_newest_first_and_say_when_truncated(
     }
     everything = client.get("/jobs/job-1/exceptions").json()["exceptionHistory"]
     assert (len(everything["entries"]), everything["truncated"]) == (3, False)
+    # Flink's clients ask with maxExceptions; it is bounded as limit is.
+    flinks = client.get("/jobs/job-1/exceptions", params={"maxExceptions": 2})
+    assert flinks.json() == response.json()
+    refused = client.get("/jobs/job-1/exceptions", params={"maxExceptions": 0})
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"errors": ["maxExceptions: Input should be greater than or equal to 1"]},
+    )
 
 
 def test_checkpoint_config_uses_flinks_names_and_lists_what_may_change(
