@@ -1,9 +1,10 @@
 """An epoch that failed because an executor was lost says so in one line, whichever of
-Spark's messages reported the loss (as the driver's Py4J error text carries them)."""
+Spark's messages reported the loss (as the driver's Py4J error text carries them); a Python
+worker that crashed is attributed to its subtask where the job's shape allows."""
 
 from __future__ import annotations
 
-from sparkpoint.runtime.spark import executor_lost_cause, failure_cause
+from sparkpoint.runtime.spark_failures import crashed_subtask, executor_lost_cause, failure_cause
 
 EXECUTOR_LOST = (
     "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
@@ -89,3 +90,15 @@ def test_a_crashed_python_worker_is_named_with_its_task_not_the_py4j_call() -> N
         "SparkException: Python worker exited unexpectedly (crashed) "
         "(task 1.0 of stage 225.0, executor driver on 192.0.2.2)"
     )
+
+
+def test_a_crashed_python_worker_is_attributed_to_its_subtask_in_a_chain() -> None:
+    """Task 1 of stage 225, the second stage of the epoch's job: subtask 1 of the second
+    vertex. Any doubt (another shape, a stage that is not the job's, another error) names
+    none."""
+    assert crashed_subtask(PYTHON_WORKER_CRASHED, [224, 225], ["events", "pv"]) == ("pv", 1)
+    assert crashed_subtask(PYTHON_WORKER_CRASHED, [225, 226], ["events", "pv"]) == ("events", 1)
+    assert crashed_subtask(PYTHON_WORKER_CRASHED, [223, 224], ["events", "pv"]) is None
+    assert crashed_subtask(PYTHON_WORKER_CRASHED, [224, 225], None) is None
+    assert crashed_subtask(PYTHON_WORKER_CRASHED, [223, 224, 225], ["events", "pv"]) is None
+    assert crashed_subtask(EXECUTOR_LOST, [6, 7], ["events", "pv"]) is None  # not a crash

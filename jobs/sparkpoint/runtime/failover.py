@@ -5,14 +5,17 @@ Flink's) restarts only the failover region of the failed subtask: the connected 
 the job graph (:meth:`~sparkpoint.job_graph.JobGraph.regions`) that holds it. A failure is
 attributed to a subtask by a note that the runners add to the task's exception
 (:func:`attributed`): in this process it is on the exception, from Spark it is in the task's
-traceback text. A failure that names no subtask (a lost executor, the driver's own error, an
-epoch without a report) restarts the whole job, and so does any failure of a job whose graph
+traceback text; a Python worker that died without a Python error (killed, crashed) leaves no
+note, and is named by its task and stage when the job is a :func:`chain`. A failure that names
+no subtask (a lost executor, the driver's own error, an epoch without a report) restarts the
+whole job, and so does any failure of a job whose graph
 is one region: that job takes exactly the path of ``full``.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from collections.abc import Iterator
 
@@ -74,6 +77,23 @@ def failed_subtask(err: BaseException) -> tuple[str, int] | None:
                 return found["uid"], int(found["subtask"])
         current = current.__cause__ or current.__context__
     return None
+
+
+def chain(graph: JobGraph) -> list[str] | None:
+    """The uids of the job's vertices when each feeds only the next (one source, each keyed
+    vertex behind the one before it, none broadcast): an epoch's Spark job then has one stage
+    per vertex, numbered in that order (Spark numbers a stage's parents first), and task i of a
+    stage is subtask i of its vertex. None for any other shape."""
+    vertices = graph.all_vertices()
+    if len(graph.sources) != 1:
+        return None
+    for before, vertex in itertools.pairwise(vertices):
+        keyed = graph.downstream(before.uid)
+        if keyed is None or keyed.uid != vertex.uid or keyed.inputs != (before.uid,):
+            return None
+        if keyed.broadcast_inputs:
+            return None
+    return [v.uid for v in vertices]
 
 
 def failover_region(graph: JobGraph, strategy: str, vertex: str | None) -> Region | None:

@@ -28,8 +28,9 @@ from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
 from sparkpoint.protocol_types import MAX_EXECUTORS
-from sparkpoint.runtime.failover import attributed, failed_subtask
+from sparkpoint.runtime.failover import attributed, chain, failed_subtask
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
+from sparkpoint.runtime.spark_failures import crashed_subtask, executor_lost_cause, failure_cause
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
 
 _log = logging.getLogger(__name__)
@@ -267,73 +268,6 @@ def _numeric(executor_id: str) -> int:
     return int(executor_id) if executor_id.isdigit() else -1
 
 
-_CAUSE = re.compile(r"^([\w.]+(?:Error|Exception|Failure|Interrupt)): (.*)$", re.MULTILINE)
-# "Lost task 0.0 in stage 3.0 (TID 12) (127.0.0.1 executor 1): ExecutorLostFailure (executor 1
-# exited caused by one of the running tasks) Reason: Remote RPC client disassociated. ..."
-_EXECUTOR_LOST = re.compile(
-    r"\((\S+) executor (\w+)\): ExecutorLostFailure \([^)]*\) Reason: ([^\n]*)"
-)
-# "FetchFailed(BlockManagerId(1, 127.0.0.1, 36449, None), shuffleId=0, ...), message=\n
-# org.apache.spark.shuffle.FetchFailedException: Failed to connect to /127.0.0.1:36449"
-_FETCH_FAILED = re.compile(
-    r"FetchFailed\(BlockManagerId\((\w+), ([^,]+),.*?message=\s*(?:[\w.]+: )?([^\n]*)", re.DOTALL
-)
-# "... has failed the maximum allowable number of times: 1. Most recent failure reason:\n
-# org.apache.spark.shuffle.FetchFailedException: Failed to connect to /127.0.0.1:36449"
-_FETCH_EXCEPTION = re.compile(r"FetchFailedException: ([^\n]*)")
-# "... most recent failure: Lost task 1.0 in stage 225.0 (TID 451) (10.0.0.6 executor driver):
-# org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider ..."
-_LOST_TASK = re.compile(
-    r"most recent failure: Lost task ([\d.]+) in stage ([\d.]+) \(TID \d+\) "
-    r"\((\S+) executor (\w+)\): (?:[\w$]+\.)*(\w+): ([^\n]*)"
-)
-
-
-def executor_lost_cause(executor_id: str, host: str, reason: str) -> str:
-    """The one-line cause of an epoch that failed because an executor was lost."""
-    reason = " ".join(reason.split()) or "lost"
-    return f"executor {executor_id} on {host} lost: {reason}"[:500]
-
-
-def failure_cause(err: BaseException) -> str:
-    """The task's own error from a Spark failure, in one line.
-
-    An executor's loss (Spark's ``ExecutorLostFailure``, a shuffle fetch from an executor that
-    is gone) is its own cause: ``executor 1 on 127.0.0.1 lost: <Spark's reason>``.
-    """
-    text = str(err)
-    lost = _EXECUTOR_LOST.search(text)
-    if lost is not None:
-        host, executor, reason = lost.groups()
-        return executor_lost_cause(executor, host, reason)
-    fetch = _FETCH_FAILED.search(text)
-    if fetch is not None:
-        executor, host, message = fetch.groups()
-        return executor_lost_cause(executor, host.strip(), f"shuffle fetch failed: {message}")
-    fetch_exception = _FETCH_EXCEPTION.search(text)
-    if fetch_exception is not None:  # a stage aborted after a fetch failure: no executor id
-        message = fetch_exception[1]
-        host = re.search(r"/([\w.:-]+?):\d+", message)
-        where = f"an executor on {host[1]}" if host is not None else "an executor"
-        return f"{where} lost: shuffle fetch failed: {message.strip()}"[:500]
-    matches = [
-        m
-        for m in _CAUSE.finditer(text)
-        if "py4j" not in m.group(1).lower() and "org.apache.spark" not in m.group(1)
-    ]
-    if matches:
-        name, message = matches[-1].groups()
-        return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"
-    lost_task = _LOST_TASK.search(text)
-    if lost_task is not None:  # Spark's own error for the task (a Python worker that crashed)
-        task, stage, host, executor, name, message = lost_task.groups()
-        first_sentence = message.strip().split(". ", 1)[0].rstrip(".")
-        where = f"task {task} of stage {stage}, executor {executor} on {host}"
-        return f"{name}: {first_sentence} ({where})"[:500]
-    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    return first[:500]
-
-
 class SparkEpochRunner:
     """Runs the epochs of one job graph on a SparkSession."""
 
@@ -343,6 +277,7 @@ class SparkEpochRunner:
         self.sc = session.sparkContext
         self._executors: tuple[ExecutorInfo, ...] = ()
         self._listed: frozenset[str] | None = None  # the active ids _executors was read with
+        self._chain = chain(graph)  # a crashed worker's stage names its vertex (failover.chain)
 
     def warm_up(self) -> None:
         """Start the Python workers and import the runtime there before the first epoch, so
@@ -435,6 +370,20 @@ class SparkEpochRunner:
             return SparkLostError(lost)
         return otherwise if otherwise is not None else err
 
+    def _crashed_subtask(self, group: str, err: Exception) -> tuple[str, int] | None:
+        """:func:`~sparkpoint.runtime.spark_failures.crashed_subtask` with the stages of the
+        epoch's Spark job (job group ``group``); None when Spark cannot say."""
+        if self._chain is None or spark_lost(err) is not None:
+            return None
+        try:
+            tracker = self.sc.statusTracker()
+            jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+            stages = [s for job in jobs if job is not None for s in job.stageIds]
+        except Exception:  # the failure is reported all the same, naming no subtask
+            _log.debug("could not read the stages of %s", group, exc_info=True)
+            return None
+        return crashed_subtask(str(err), stages, self._chain)
+
     def _clear_job_group(self) -> None:
         if spark_lost() is None:  # a dead JVM cannot be asked; the error says so already
             self.sc.setLocalProperty("spark.jobGroup.id", None)
@@ -478,7 +427,8 @@ class SparkEpochRunner:
             reports = list(rdd.collect())
             lost = before - self._executor_ids()
         except Exception as err:
-            epoch_failed = EpochFailedError(plan.epoch, failure_cause(err), failed_subtask(err))
+            failed = failed_subtask(err) or self._crashed_subtask(group, err)
+            epoch_failed = EpochFailedError(plan.epoch, failure_cause(err), failed)
             raise self._failure(err, epoch_failed) from err
         finally:
             self._clear_job_group()
