@@ -214,6 +214,10 @@ def test_the_status_table_lists_transitions_with_cause_and_attempt() -> None:
         ),
         ("2026-11-26 02:22:53.059", "RUNNING", "43.5 s so far", 2, DASH, "RESTARTING → RUNNING"),
     ]
+    # A job that ended stays in its last status: it does not last "3 days so far".
+    ended = [*status_bands(JOB)]
+    ended[-1] = {**ended[-1], "status": "FINISHED"}
+    assert [r["lasted"] for r in page.status_rows(ended)][-2:] == ["1.50 s", "final"]
 
 
 def test_the_throughput_chart_has_rate_lag_on_a_second_axis_and_restarts() -> None:

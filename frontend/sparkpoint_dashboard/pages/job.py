@@ -267,12 +267,20 @@ def status_rows(bands: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "previous": b["previous"] or DASH,
                 "transition": f"{b['previous'] or 'start'} → {b['status']}",
                 "lasted_ms": lasted_ms,
-                "lasted": f"{fmt_ms(lasted_ms)} so far" if last else fmt_ms(lasted_ms),
+                "lasted": _lasted(lasted_ms, last, b["status"]),
                 "attempt": b["attempt"],
                 "cause": b["cause"] or DASH,
             }
         )
     return rows
+
+
+def _lasted(ms: float, last: bool, status: str) -> str:
+    """How long a status lasted; the job's current one is still going (``so far``), unless
+    the job ended in it: that one lasts for good."""
+    if not last:
+        return fmt_ms(ms)
+    return "final" if status in TERMINAL else f"{fmt_ms(ms)} so far"
 
 
 def exception_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
