@@ -118,7 +118,9 @@ def test_a_snapshot_that_cannot_be_written_fails_its_checkpoint_and_the_job_goes
     assert result.events is not None
     (aborted,) = [e for e in result.events.of_type(CheckpointAborted) if e.checkpoint_id == 3]
     assert "declined by pv[" in aborted.reason
-    assert "its snapshot could not be written" in aborted.reason
+    assert "its snapshot could not be written to " in aborted.reason
+    # Where: the operator must know which file system refused (a full disk's error names none).
+    assert str(tmp_path / "tolerated" / "chk" / "pv-tolerated" / "chk-3") in aborted.reason
     assert "Error" in aborted.reason  # the file system's error, by name
     completed = [e.checkpoint_id for e in result.events.of_type(CheckpointCompleted)]
     assert BLOCKED not in completed and max(completed) > BLOCKED

@@ -243,15 +243,19 @@ class SubtaskCheckpointer:
                 # Flink's CHECKPOINT_ASYNC_EXCEPTION: the checkpoint fails, the task does not
                 # (storage that is full or away); the tolerable failures decide a failover.
                 # The storage's own errors in one line, anything else with its traceback.
+                dest = _destination(err, f.target)
                 log.warning(
-                    "%s[%d]: checkpoint %d declined: its snapshot could not be written: %s",
+                    "%s[%d]: checkpoint %d declined: its snapshot could not be written to %s: %s",
                     self.uid,
                     self.subtask,
                     cid,
+                    dest,
                     err,
                     exc_info=not isinstance(err, OSError),
                 )
-                decline = f"its snapshot could not be written: {type(err).__name__}: {err}"
+                decline = (
+                    f"its snapshot could not be written to {dest}: {type(err).__name__}: {err}"
+                )
         if decline is not None:
             self.report.declines.append(
                 p.CheckpointDeclined(
@@ -309,6 +313,19 @@ def _local_dir(plan: EpochPlan, uid: str, subtask: int) -> str:
     if plan.isolate_workers:  # testing: no two Python workers share a local copy
         base = os.path.join(base, f"worker-{os.getpid()}")
     return working_state.version_dir(base, plan.job_id, uid, subtask)
+
+
+def _destination(err: BaseException, target: _SnapshotTarget | None) -> str:
+    """Where a snapshot's upload failed, for the operator who must free or fix it (a full
+    disk's error does not name its file): the file when the error names it, else the
+    checkpoint's directory."""
+    if isinstance(err, OSError) and err.filename:
+        return str(err.filename)
+    if target is not None:
+        path = target.storage.checkpoint_path(target.job_id, target.checkpoint_id)
+        if path is not None:
+            return path
+    return "checkpoint storage"
 
 
 def _materialize(capture: SnapshotCapture, target: _SnapshotTarget) -> list[p.StateHandleModel]:

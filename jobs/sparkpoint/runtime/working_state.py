@@ -30,6 +30,7 @@ from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
 from sparkpoint.failure_streak import FailureStreak
+from sparkpoint.local_files import write_atomically
 from sparkpoint.protocol import SinkTransactionModel
 
 log = logging.getLogger(__name__)
@@ -143,12 +144,8 @@ def decode(data: bytes, tag: str, where: str) -> WorkingState:
 
 def save_local(directory: str, tag: str, data: bytes) -> str:
     """Write version ``tag`` (temp file, then atomic rename) and return its path."""
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, file_name(tag))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    write_atomically(path, data)
     return path
 
 

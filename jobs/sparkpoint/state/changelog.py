@@ -31,6 +31,7 @@ import os
 from typing import Any, NamedTuple
 
 from sparkpoint.errors import CorruptSnapshotError
+from sparkpoint.local_files import write_atomically
 from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import (
     DELETED,
@@ -58,12 +59,7 @@ _LIVE: dict[str, _Live] = {}
 
 
 def _write_local(directory: str, name: str, data: bytes) -> None:
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, name)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    write_atomically(os.path.join(directory, name), data)
 
 
 def _read_local(directory: str, name: str) -> bytes | None:

@@ -11,7 +11,10 @@ from service_harness import Harness
 from sparkpoint import protocol as p
 from sparkpoint_server.storage.models import Checkpoint, Job
 
-FULL = "its snapshot could not be written: OSError: [Errno 28] No space left on device"
+FULL = (
+    "its snapshot could not be written to file:///data/chk/j/chk-4: OSError: [Errno 28] No "
+    "space left on device"
+)
 
 
 def _finals(h: Harness) -> list[int]:
