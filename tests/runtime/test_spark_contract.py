@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sinks import FileSink
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.errors import ConfigurationError
@@ -30,7 +29,7 @@ from sparkpoint.state.descriptors import ValueStateDescriptor
 from sparkpoint.state.key_groups import key_group_for, operator_index_for_key_group
 from sparkpoint.testing import ListSource, line_counts
 
-from .pv_harness import expected_every_lines, run_pv
+from .pv_harness import expected_every_lines, job_options, run_pv
 
 
 def _session(**conf: str) -> Any:
@@ -148,19 +147,7 @@ def test_a_crashed_python_worker_names_its_subtask_and_is_recovered(
     still names the keyed subtask (Flink names the failed task), and the job recovers."""
     marker = str(tmp_path / "died-on")
     out = str(tmp_path / "out")
-    options = JobOptions(
-        job_id="crash",
-        checkpoint=CheckpointConfig(interval_ms=1),
-        checkpoint_dir=f"file://{tmp_path / 'chk'}",
-        checkpoint_storage="filesystem",
-        local_dir=str(tmp_path / "local"),
-        max_epoch_records=2_000,
-        min_epoch_records=2_000,
-        restart_strategy={
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.delay": "0 ms",
-        },
-    )
+    options = job_options("crash", tmp_path, "crash", epoch_records=2_000)
     env = StreamExecutionEnvironment(options)
     (
         env.from_source(GeneratorSource(events=20_000, apps=10, rate=0, splits=2), uid="events")
