@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.local_files import write_atomically
+from sparkpoint.checkpointing.file_ops import write_local_atomically
 
 
 def test_a_file_is_written_whole(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "v1"
-    write_atomically(str(path), b"state")
-    write_atomically(str(path), b"newer")
+    write_local_atomically(str(path), b"state")
+    write_local_atomically(str(path), b"newer")
     assert path.read_bytes() == b"newer"
     assert sorted(os.listdir(path.parent)) == ["v1"]
 
@@ -26,7 +26,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing(tmp_path: Path) -> None:
     path = tmp_path / "v2"
     (tmp_path / "v2.tmp").symlink_to("/dev/full")
     with pytest.raises(OSError, match="No space left on device") as err:
-        write_atomically(str(path), b"x" * 1_000_000)
+        write_local_atomically(str(path), b"x" * 1_000_000)
     assert err.value.errno == errno.ENOSPC
     assert str(tmp_path / "v2.tmp") in str(err.value)
     assert os.listdir(tmp_path) == []

@@ -95,6 +95,31 @@ class LocalOps(FileOps):
             raise ValueError("Cannot delete directory, set recursive=True")
 
 
+def write_local_atomically(path: str, data: bytes) -> None:
+    """Write a file of a subtask's working state in its local directory: a temporary name,
+    then a rename, as :class:`LocalOps` writes checkpoint files, with a fixed temporary name
+    (one writer per subtask directory) and without a storage object on the epoch's path.
+
+    Raises:
+        OSError: naming the file, also where the system's error does not (a full disk's
+            ``[Errno 28] No space left on device`` names none, and the operator must know
+            that it is the local directory, not checkpoint storage, that filled up). The
+            temporary file is removed, giving back what it took.
+    """
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if err.filename:
+            raise
+        raise OSError(err.errno, err.strerror, tmp) from err
+
+
 #: Times a local tree is deleted again when a file came or went meanwhile.
 TREE_ATTEMPTS = 5
 

@@ -26,11 +26,11 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkpoint.checkpointing.file_ops import write_local_atomically
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.connectors.sinks import OpenTransaction
 from sparkpoint.errors import SparkpointError
 from sparkpoint.failure_streak import FailureStreak
-from sparkpoint.local_files import write_atomically
 from sparkpoint.protocol import SinkTransactionModel
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def decode(data: bytes, tag: str, where: str) -> WorkingState:
 def save_local(directory: str, tag: str, data: bytes) -> str:
     """Write version ``tag`` (temp file, then atomic rename) and return its path."""
     path = os.path.join(directory, file_name(tag))
-    write_atomically(path, data)
+    write_local_atomically(path, data)
     return path
 
 

@@ -30,8 +30,8 @@ import json
 import os
 from typing import Any, NamedTuple
 
+from sparkpoint.checkpointing.file_ops import write_local_atomically
 from sparkpoint.errors import CorruptSnapshotError
-from sparkpoint.local_files import write_atomically
 from sparkpoint.state import canonical, changelog_delta
 from sparkpoint.state.backend import (
     DELETED,
@@ -59,7 +59,7 @@ _LIVE: dict[str, _Live] = {}
 
 
 def _write_local(directory: str, name: str, data: bytes) -> None:
-    write_atomically(os.path.join(directory, name), data)
+    write_local_atomically(os.path.join(directory, name), data)
 
 
 def _read_local(directory: str, name: str) -> bytes | None:
