@@ -287,6 +287,9 @@ class TaskFailed(_Model):
     subtask: Index | None = None
     region: Name | None = None  # the failover region restarted; None: the whole job
     region_vertices: list[Name] | None = None  # its vertices
+    # False: a restart would replay the failure unchanged (a task's configuration error); the
+    # job fails without asking its restart strategy (Flink's SuppressRestartsException).
+    recoverable: bool = True
 
 
 class JobRestored(_Model):

@@ -12,7 +12,8 @@ import pytest
 
 from sparkpoint.checkpointing.storage import FileSystemCheckpointStorage
 from sparkpoint.errors import ConfigurationError
-from sparkpoint.protocol import JobStatus, SnapshotCompleted
+from sparkpoint.events import InMemoryEventSink
+from sparkpoint.protocol import JobRestored, JobStatus, SnapshotCompleted, TaskFailed
 from sparkpoint.runtime.driver import JobFailedError
 from sparkpoint.state.hashmap import HashMapKeyedStateBackend
 from sparkpoint.state.key_groups import key_group_range
@@ -162,6 +163,31 @@ def test_a_checkpoint_that_does_not_fit_the_job_is_refused_before_spark_runs(
         r"would change key group. Run with --max-parallelism 128",
     ):
         run_pv(spark, tmp_path, "max64", max_parallelism=64, from_checkpoint=f"file://{latest}")
+    # A checkpoint whose handles do not record it (written before they did) is refused by the
+    # keyed task: a restart would meet the same refusal, so the job fails without one (Flink's
+    # SuppressRestartsException), whatever restarts its strategy allows.
+    for handle in keyed:
+        del handle["max_parallelism"]
+    (latest / "_metadata").write_text(json.dumps(meta))
+    events = InMemoryEventSink()
+    with pytest.raises(
+        JobFailedError,
+        match=r"ConfigurationError: snapshot \d was taken with max_parallelism 128; it cannot "
+        r"be restored with max_parallelism 64.*\(a configuration error, which every restart "
+        r"would meet again: the job fails\)",
+    ):
+        run_pv(
+            spark,
+            tmp_path,
+            "unrecorded",
+            max_parallelism=64,
+            from_checkpoint=f"file://{latest}",
+            event_sink=events,
+        )
+    decoded = [e.decoded() for e in events.events]
+    [failed] = [ev for ev in decoded if isinstance(ev, TaskFailed)]
+    assert (failed.operator_id, failed.recoverable) == ("pv", False)
+    assert not [ev for ev in decoded[decoded.index(failed) :] if isinstance(ev, JobRestored)]
     for ack in meta["acks"]:
         ack["operator_id"] = ack["operator_id"].replace("pv", "views")
     (latest / "_metadata").write_text(json.dumps(meta))

@@ -22,7 +22,7 @@ from sparkpoint.checkpointing.pending import (
     FailoverDecision,
     PendingCheckpoint,
 )
-from sparkpoint.checkpointing.restart import format_duration
+from sparkpoint.checkpointing.restart import SUPPRESSED, format_duration
 from sparkpoint_server.coordination.job import (
     ORIGIN_PIN,
     RESTORE_PIN,
@@ -356,10 +356,12 @@ def job_failed(
     operator_id: str | None = None,
     subtask: int | None = None,
     region: str | None = None,
+    recoverable: bool = True,
 ) -> None:
     """A failure of the running attempt: record it, ask the restart strategy, act.
     ``region``: the failover region that the job restarts alone (its name and vertices),
-    which the recorded decision names; None: the whole job.
+    which the recorded decision names; None: the whole job. ``recoverable`` False: no
+    restart can fix it (a task's configuration error), the strategy is not asked.
 
     Steps: (1) record the failure once (``dedupe``), (2) the restart strategy decides,
     (3a) restart: RESTARTING, the restart is due after the delay (a timer, in the database),
@@ -369,7 +371,7 @@ def job_failed(
     if batch.writer.exception_exists(key):
         return
     # Step 2
-    decision = rt.restart.on_failure(batch.now)
+    decision = rt.restart.on_failure(batch.now) if recoverable else SUPPRESSED
     scope = f"restart region {region}" if region is not None else "restart"
     action = (
         f"{scope} in {format_duration(decision.delay_ms)} ({decision.message})"

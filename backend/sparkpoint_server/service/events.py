@@ -163,6 +163,7 @@ class EventApplier:
                 if ev.region is not None
                 else None
             ),
+            recoverable=ev.recoverable,
         )
 
     def _restored(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.JobRestored) -> None:

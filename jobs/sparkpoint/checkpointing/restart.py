@@ -62,6 +62,14 @@ class RestartDecision:
     message: str
 
 
+#: The decision for a failure that a restart would replay unchanged (a task's configuration
+#: error, such as a checkpoint that does not fit the job): the job fails at once, without
+#: asking (or counting in) its restart strategy, as Flink's ``SuppressRestartsException``.
+SUPPRESSED = RestartDecision(
+    False, 0, "a configuration error, which every restart would meet again: the job fails"
+)
+
+
 class RestartStrategy(abc.ABC):
     """Decides, failure by failure, whether and when the job restarts."""
 

@@ -27,7 +27,7 @@ from sparkpoint.checkpointing.pending import (
     FailedCheckpoint,
     FailoverDecision,
 )
-from sparkpoint.checkpointing.restart import RestartStrategy
+from sparkpoint.checkpointing.restart import SUPPRESSED, RestartStrategy
 from sparkpoint.checkpointing.savepoints import write_savepoint
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import CorruptSnapshotError, InjectedFailure, SparkpointError
@@ -282,7 +282,9 @@ class InProcessAuthority(Authority):
             failed = outcome.failed
             vertex = failed[0] if failed is not None else None
             region = failover_region(job.graph, self.options.failover_strategy, vertex)
-            if region is None or failed is None:  # the whole job: every job of one region
+            if not outcome.recoverable:
+                self._fail_for_good(outcome.failure, outcome.epoch, failed)
+            elif region is None or failed is None:  # the whole job: every job of one region
                 self._on_failure(outcome.failure, outcome.epoch, failed)
             else:
                 self._on_region_failure(outcome.failure, outcome.epoch, region, failed)
@@ -387,6 +389,14 @@ class InProcessAuthority(Authority):
                     checkpoint_id=f.checkpoint_id, reason=f"{f.reason.name}: {f.message}"
                 )
             )
+
+    def _fail_for_good(self, cause: str, epoch: int, failed: tuple[str, int] | None) -> None:
+        """A failure that no restart can fix (a task's configuration error): reported, and the
+        job fails without asking its restart strategy (Flink's SuppressRestartsException)."""
+        job = self.job
+        job.publish(task_failed(epoch, cause, failed, None, recoverable=False))
+        job.set_status(p.JobStatus.FAILING, cause)
+        raise JobFailedError(f"job {job.job_id} failed: {cause} ({SUPPRESSED.message})")
 
     def _on_failure(self, cause: str, epoch: int, failed: tuple[str, int] | None = None) -> None:
         """Steps: (1) report (naming the subtask that raised it, when known), (2) ask the

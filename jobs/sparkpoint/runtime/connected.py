@@ -182,7 +182,7 @@ class ControlPlaneAuthority(Authority):
                 self._running = None
                 if outcome.failure is not None and not self._awaiting_decision:
                     # (A commit that failed while the epoch ran reported the failure already.)
-                    self._fail(outcome.epoch, outcome.failure, outcome.failed)
+                    self._fail(outcome.epoch, outcome.failure, outcome.failed, outcome.recoverable)
                 elif queued is not None:
                     self._checkpoints.carried(queued)
         except (JobFailedError, SparkLostError):
@@ -359,16 +359,23 @@ class ControlPlaneAuthority(Authority):
         if completion.ends_job:
             self._end = (p.JobStatus.FINISHED, None)
 
-    def _fail(self, epoch: int, cause: str, failed: tuple[str, int] | None = None) -> None:
+    def _fail(
+        self,
+        epoch: int,
+        cause: str,
+        failed: tuple[str, int] | None = None,
+        recoverable: bool = True,
+    ) -> None:
         """Report a failure, naming the subtask that raised it when known, and wait for the
         control plane's decision. A failure of a subtask whose region the failover strategy
         restarts alone (not in a job of one region) names that region; the next ``restore``
-        then restores that region only."""
+        then restores that region only. One that no restart can fix says so: the control
+        plane fails the job."""
         job = self.job
-        vertex = failed[0] if failed is not None else None
+        vertex = failed[0] if failed is not None and recoverable else None
         region = failover_region(job.graph, job.options.failover_strategy, vertex)
         self._region = (region, epoch) if region is not None else None
-        job.publish(task_failed(epoch, cause, failed, region))
+        job.publish(task_failed(epoch, cause, failed, region, recoverable))
         self._awaiting_decision = True
 
     def _on_restore(self, command: p.RestoreJob) -> None:

@@ -94,3 +94,4 @@ class EpochOutcome:
     epoch: int
     failure: str | None = None
     failed: tuple[str, int] | None = None  # the failed subtask, when the failure names it
+    recoverable: bool = True  # False: no restart can fix the failure (a configuration error)

@@ -151,7 +151,7 @@ class JobExecution:
             # Step 3
             self._accept(plan, reports, self.clock.monotonic_ms() - started, listener)
         except EpochFailedError as err:
-            outcome = EpochOutcome(plan.epoch, err.cause, err.failed)
+            outcome = EpochOutcome(plan.epoch, err.cause, err.failed, err.recoverable)
         except InjectedFailure as err:
             outcome = EpochOutcome(plan.epoch, f"InjectedFailure: {err}")
         # Step 4

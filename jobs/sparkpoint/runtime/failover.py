@@ -24,6 +24,9 @@ from sparkpoint.errors import ConfigurationError
 from sparkpoint.job_graph import JobGraph, Region
 
 _NOTE = "(in Sparkpoint subtask {uid}[{subtask}])"
+# On an error that a restart replays unchanged (Flink's ``SuppressRestartsException``): a
+# ConfigurationError of a task (a checkpoint that does not fit the job, an invalid operator).
+_NO_RESTART_NOTE = "(Sparkpoint: a configuration error, which no restart can fix)"
 _NOTE_RE = re.compile(r"\(in Sparkpoint subtask (?P<uid>[^\s\[\]]+)\[(?P<subtask>\d+)\]\)")
 
 
@@ -51,32 +54,51 @@ def check_failover_strategy(strategy: str) -> FailoverStrategy:
 def attributed(uid: str, subtask: int, task: Iterator[object]) -> Iterator[object]:
     """``task``'s elements; an exception it raises carries a note naming ``uid[subtask]``
     (Python's ``add_note``: the exception's message, and so the failure's cause, is
-    unchanged; the note is in its traceback, which Spark ships to the driver)."""
+    unchanged; the note is in its traceback, which Spark ships to the driver), and a
+    :class:`ConfigurationError` one more: no restart can fix it (:func:`suppresses_restarts`)."""
     try:
         yield from task
     except Exception as err:
         if failed_subtask(err) is None:
-            note = _NOTE.format(uid=uid, subtask=subtask)
-            if hasattr(err, "add_note"):
-                err.add_note(note)
-            else:  # Python 3.10: read in this process only; from Spark, the whole job restarts
-                setattr(err, "__notes__", [*getattr(err, "__notes__", ()), note])  # noqa: B010
+            _add_note(err, _NOTE.format(uid=uid, subtask=subtask))
+            if isinstance(err, ConfigurationError):
+                _add_note(err, _NO_RESTART_NOTE)
         raise
+
+
+def _add_note(err: BaseException, note: str) -> None:
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:  # Python 3.10: read in this process only; from Spark, the whole job restarts
+        setattr(err, "__notes__", [*getattr(err, "__notes__", ()), note])  # noqa: B010
+
+
+def _chain_texts(err: BaseException) -> Iterator[str]:
+    """The notes and messages of ``err`` and the exceptions in its chain."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield from getattr(current, "__notes__", ())
+        yield str(current)
+        current = current.__cause__ or current.__context__
 
 
 def failed_subtask(err: BaseException) -> tuple[str, int] | None:
     """The subtask that raised ``err`` (or an exception in its chain), if a note names it:
     on the exception itself, or in the text of a Spark error that carries its traceback."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for text in [*getattr(current, "__notes__", ()), str(current)]:
-            found = _NOTE_RE.search(text)
-            if found is not None:
-                return found["uid"], int(found["subtask"])
-        current = current.__cause__ or current.__context__
+    for text in _chain_texts(err):
+        found = _NOTE_RE.search(text)
+        if found is not None:
+            return found["uid"], int(found["subtask"])
     return None
+
+
+def suppresses_restarts(err: BaseException) -> bool:
+    """Whether a subtask's failure is one that a restart would replay unchanged (a task's
+    :class:`ConfigurationError`, noted by :func:`attributed`): the job fails without asking
+    its restart strategy, as Flink's ``SuppressRestartsException`` does."""
+    return any(_NO_RESTART_NOTE in text for text in _chain_texts(err))
 
 
 def chain(graph: JobGraph) -> list[str] | None:
@@ -108,14 +130,19 @@ def failover_region(graph: JobGraph, strategy: str, vertex: str | None) -> Regio
 
 
 def task_failed(
-    epoch: int, cause: str, failed: tuple[str, int] | None, region: Region | None
+    epoch: int,
+    cause: str,
+    failed: tuple[str, int] | None,
+    region: Region | None,
+    recoverable: bool = True,
 ) -> p.TaskFailed:
     """The report of a failed epoch: the subtask that raised it when known (the exception
-    history names it, as Flink's names the failed task), and the region that restarts alone,
-    if any (None: the whole job)."""
+    history names it, as Flink's names the failed task), the region that restarts alone,
+    if any (None: the whole job), and whether a restart can fix it."""
     return p.TaskFailed(
         epoch=epoch,
         cause=cause,
+        recoverable=recoverable,
         operator_id=failed[0] if failed is not None else None,
         subtask=failed[1] if failed is not None else None,
         region=region.name if region is not None else None,

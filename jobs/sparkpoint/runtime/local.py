@@ -31,7 +31,7 @@ from typing import Any
 import cloudpickle
 
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
-from sparkpoint.runtime.failover import attributed, failed_subtask
+from sparkpoint.runtime.failover import attributed, failed_subtask, suppresses_restarts
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.spark import EpochFailedError, SparkApplication
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
@@ -61,7 +61,8 @@ class LocalEpochRunner:
                 outputs[vertex.uid] = self._run_vertex(shipped, vertex, outputs)
         except Exception as err:
             cause = f"{type(err).__name__}: {err}"
-            raise EpochFailedError(plan.epoch, cause, failed_subtask(err)) from err
+            failed = failed_subtask(err)
+            raise EpochFailedError(plan.epoch, cause, failed, not suppresses_restarts(err)) from err
         tails = [v.uid for v in self.graph.all_vertices() if self.graph.downstream(v.uid) is None]
         return [pickle.loads(data) for uid in tails for out in outputs[uid] for _, data in out]
 

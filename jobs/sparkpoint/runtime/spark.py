@@ -28,7 +28,7 @@ from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
 from sparkpoint.protocol_types import MAX_EXECUTORS
-from sparkpoint.runtime.failover import attributed, chain, failed_subtask
+from sparkpoint.runtime.failover import attributed, chain, failed_subtask, suppresses_restarts
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.spark_failures import crashed_subtask, executor_lost_cause, failure_cause
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
@@ -37,13 +37,22 @@ _log = logging.getLogger(__name__)
 
 
 class EpochFailedError(SparkpointError):
-    """A task of the epoch failed; ``cause`` is the task's error in one line."""
+    """A task of the epoch failed; ``cause`` is the task's error in one line; ``recoverable``
+    False: a restart would replay it unchanged (:func:`~sparkpoint.runtime.failover.
+    suppresses_restarts`)."""
 
-    def __init__(self, epoch: int, cause: str, failed: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        epoch: int,
+        cause: str,
+        failed: tuple[str, int] | None = None,
+        recoverable: bool = True,
+    ) -> None:
         super().__init__(f"epoch {epoch} failed: {cause}")
         self.epoch = epoch
         self.cause = cause
         self.failed = failed  # the failed subtask (vertex uid, index), when the failure names it
+        self.recoverable = recoverable
 
 
 class WarmUpFailedError(SparkpointError):
@@ -428,7 +437,9 @@ class SparkEpochRunner:
             lost = before - self._executor_ids()
         except Exception as err:
             failed = failed_subtask(err) or self._crashed_subtask(group, err)
-            epoch_failed = EpochFailedError(plan.epoch, failure_cause(err), failed)
+            epoch_failed = EpochFailedError(
+                plan.epoch, failure_cause(err), failed, not suppresses_restarts(err)
+            )
             raise self._failure(err, epoch_failed) from err
         finally:
             self._clear_job_group()

@@ -96,6 +96,31 @@ def test_a_failure_names_the_subtask_and_the_operators_chained_in_its_vertex(
     assert (exc.operator_id, exc.subtask) == ("source", 1)
 
 
+def test_a_failure_no_restart_can_fix_fails_the_job_without_asking_the_strategy(
+    harness: Harness,
+) -> None:
+    # A task's configuration error would fail every attempt alike (Flink's
+    # SuppressRestartsException): FAILED at once, under a strategy that allows restarts.
+    harness.start(restart_strategy=_strategy("fixed-delay", attempts=5, delay="10 s"))
+    cause = "ConfigurationError: snapshot 0 was taken with max_parallelism 64"
+    harness.send(
+        1,
+        p.TaskFailed(epoch=0, cause=cause, operator_id="source", subtask=0, recoverable=False),
+    )
+    job = _job(harness)
+    assert (job.status, job.restart_due_at) == ("FAILED", None)
+    with harness.sessions() as s:
+        [exc] = s.scalars(select(JobException).where(JobException.job_id == harness.job_id))
+    assert exc.action == (
+        "no restart: a configuration error, which every restart would meet again: the job fails"
+    )
+    [cancel] = [c for _, c in harness.commands()]
+    assert isinstance(cancel, p.CancelJob) and cancel.status is p.JobStatus.FAILED
+    assert cause in (cancel.cause or "")
+    harness.tick(60_000)
+    assert _restores(harness) == []
+
+
 def test_fixed_delay_restarts_n_times_then_fails(harness: Harness) -> None:
     harness.start(restart_strategy=_strategy("fixed-delay", attempts=2, delay="10 s"))
     for attempt in (1, 2):
