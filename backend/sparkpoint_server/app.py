@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.failure_streak import FailureStreak
@@ -115,7 +117,9 @@ class Runner:
 
     def _timers(self) -> None:
         assert self.control_plane is not None
-        failures = FailureStreak("timer tick", log)
+        # The database away (or hanging) is told in one line, as the ingest and the API tell it.
+        away = (OperationalError, InterfaceError, PoolTimeoutError)
+        failures = FailureStreak("timer tick", log, expected=away)
         while not self._stop.wait(self.settings.tick_ms / 1000):
             try:
                 self.control_plane.tick()

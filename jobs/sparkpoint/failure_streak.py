@@ -29,6 +29,8 @@ class FailureStreak:
         log: The logger of the module that runs the step.
         traceback: Whether the first failure is logged with its traceback (an unexpected
             one), or as one line (a dependency away, expected).
+        expected: Errors told in one line even where others get their traceback (the
+            database away, under a step whose other errors are bugs).
         every_s: How often a streak that goes on is told again.
         then: What follows a failure, when not a retry ("the version is kept on this
             executor only"); said in every warning line, since it is what the reader acts on.
@@ -48,9 +50,10 @@ class FailureStreak:
         then: str | None = None,
         again: str = "runs again",
         error_type: bool = False,
+        expected: tuple[type[BaseException], ...] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.what, self.log, self.traceback = what, log, traceback
+        self.what, self.log, self.traceback, self.expected = what, log, traceback, expected
         self.every_s, self.then, self.again, self.clock = every_s, then, again, clock
         self.error_type = error_type
         self.count = 0
@@ -75,7 +78,7 @@ class FailureStreak:
         what, error = what or self.what, _last_error(self.error_type)
         if first:
             said = f"({self.then or 'retried'}; {_one_line_every(self.every_s)} while it fails)"
-            if self.traceback:
+            if self.traceback and not isinstance(sys.exc_info()[1], self.expected):
                 self.log.exception("%s failed %s", what, said)
             else:
                 self.log.warning("%s failed %s: %s", what, said, error)

@@ -49,6 +49,31 @@ def test_an_expected_failure_is_told_in_one_line(caplog: pytest.LogCaptureFixtur
     assert record.getMessage().endswith("while it fails): connection refused")
 
 
+def test_an_expected_error_of_a_step_that_logs_tracebacks_is_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The server's timer tick: a bug gets its traceback, the database away one line.
+    streak = FailureStreak("timer tick", LOG, every_s=0, expected=(ConnectionError,))
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    for err in (ConnectionError("connection refused\nsecond line"), KeyError("job-1")):
+        try:
+            raise err
+        except Exception:
+            streak.failed()
+        streak.ended()
+    said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert said == [
+        (
+            "WARNING",
+            "timer tick failed (retried; one line every 0 s while it fails): connection refused",
+            False,
+        ),
+        ("INFO", "timer tick runs again after 1 failure(s)", False),
+        ("ERROR", "timer tick failed (retried; one line every 0 s while it fails)", True),
+        ("INFO", "timer tick runs again after 1 failure(s)", False),
+    ]
+
+
 def test_the_first_line_says_the_interval_and_what_follows_a_failure(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
