@@ -104,6 +104,7 @@ class Registrations:
         if rt is not None:
             point, settings = None, None
             try:
+                self._check_heartbeats(ev)
                 run_settings.check_storage(rt, ev, self.checkpoint_dir)
                 if not rt.active and ev.previous_failure is None:  # an ended job run again
                     settings = run_settings.rerun_settings(ev)
@@ -119,6 +120,7 @@ class Registrations:
             return
         # Step 3: a configuration the control plane cannot run is refused, and the job told why.
         try:
+            self._check_heartbeats(ev)
             self._new_job(batch, env, ev)
         except (ConfigurationError, CheckpointError) as err:
             _refuse(batch, env.job_id, 0, err)
@@ -206,6 +208,24 @@ class Registrations:
             d.start_attempt(batch, rt, decision, request_id=None, new_line=True)
         if rt.status is not p.JobStatus.FAILED:  # not when no checkpoint could be restored
             run_settings.adopt(batch, rt, settings)
+
+    def _check_heartbeats(self, ev: p.JobRegistered) -> None:
+        """Refuse a driver whose heartbeats come no more often than the heartbeat timeout:
+        every one would arrive late, and the job would fail over again and again (Flink
+        refuses a ``heartbeat.timeout`` below ``heartbeat.interval``).
+
+        Raises:
+            ConfigurationError: naming both settings and the values.
+        """
+        interval, timeout = ev.heartbeat_interval_ms, self.heartbeat_timeout_ms
+        if interval is not None and interval >= timeout:
+            raise ConfigurationError(
+                f"its driver sends a heartbeat every {interval / 1000:g} s "
+                f"(SPARKPOINT_HEARTBEAT_INTERVAL), not more often than the control plane's "
+                f"heartbeat timeout of {timeout / 1000:g} s (SPARKPOINT_HEARTBEAT_TIMEOUT): "
+                "the job would be declared lost between any two heartbeats. Set the interval "
+                f"below {timeout / 2000:g} s, half the timeout"
+            )
 
     def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
         interval = ev.heartbeat_interval_ms

@@ -323,3 +323,22 @@ def test_a_driver_heartbeat_interval_too_long_for_the_timeout_is_warned_about(
         f"job {harness.job_id}: its driver sends a heartbeat every 30000 ms, too rarely for "
         "the heartbeat timeout of 50000 ms" in caplog.text
     )
+
+
+@pytest.mark.parametrize("interval_ms", [TIMEOUT_MS, 60_000])
+def test_a_driver_heartbeat_interval_not_below_the_timeout_is_refused(
+    harness: Harness, interval_ms: int
+) -> None:
+    # Every heartbeat would come late: the job would fail over between any two of them.
+    harness.register(heartbeat_interval_ms=interval_ms)
+    [cancel] = [c for _, c in harness.commands()]
+    assert isinstance(cancel, p.CancelJob) and cancel.status is p.JobStatus.FAILED
+    assert cancel.cause == (
+        f"the control plane refused job {harness.job_id}: its driver sends a heartbeat every "
+        f"{interval_ms // 1000} s (SPARKPOINT_HEARTBEAT_INTERVAL), not more often than the "
+        "control plane's heartbeat timeout of 50 s (SPARKPOINT_HEARTBEAT_TIMEOUT): the job "
+        "would be declared lost between any two heartbeats. Set the interval below 25 s, half "
+        "the timeout"
+    )
+    with harness.sessions() as s:
+        assert s.get(Job, harness.job_id) is None  # nothing started, nothing to clean up
