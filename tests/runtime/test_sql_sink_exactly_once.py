@@ -19,13 +19,14 @@ from sqlalchemy import BigInteger, String
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.connectors.sql_sink import SqlSink, dispose_engines
+from sparkpoint.events import EventSink
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
 from sparkpoint.protocol import CheckpointingMode, JobStatus
-from sparkpoint.runtime.driver import JobDriver, JobResult
+from sparkpoint.runtime.driver import JobResult
 from sparkpoint.testing import FailureInjection
 
-from .pv_harness import APPS, EPOCH_RECORDS, EVENTS, expected_every_lines
+from .pv_harness import APPS, EPOCH_RECORDS, EVENTS, drive, expected_every_lines
 
 pytestmark = pytest.mark.spark
 
@@ -33,10 +34,19 @@ TABLE = "pv_counts"
 
 
 def run_pv_sql(
-    spark: Any, base: Path, name: str, failure: FailureInjection | None = None
+    spark: Any,
+    base: Path,
+    name: str,
+    failure: FailureInjection | None = None,
+    *,
+    url: str | None = None,
+    table: str = TABLE,
+    attempts: int = 2,
+    event_sink: EventSink | None = None,
 ) -> tuple[JobResult, str]:
-    """The PV job of ``pv_harness.run_pv`` (same options), writing into SQLite; returns its URL."""
-    url = f"sqlite:///{base / name / 'pv.db'}"
+    """The PV job of ``pv_harness.run_pv`` (same options), writing into ``table`` at ``url``
+    (None: a SQLite file of its own); returns the URL."""
+    url = url or f"sqlite:///{base / name / 'pv.db'}"
     (base / name).mkdir(parents=True)
     options = JobOptions(
         job_id=f"pv-sql-{name}",
@@ -49,13 +59,13 @@ def run_pv_sql(
         min_epoch_records=EPOCH_RECORDS,
         restart_strategy={
             "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.attempts": "2",
+            "restart-strategy.fixed-delay.attempts": str(attempts),
             "restart-strategy.fixed-delay.delay": "0 ms",
         },
     )
     env = StreamExecutionEnvironment(options)
     source = GeneratorSource(events=EVENTS, apps=APPS, rate=0, splits=2)
-    sink = SqlSink(url, TABLE, {"app_id": String(32), "pv": BigInteger})
+    sink = SqlSink(url, table, {"app_id": String(32), "pv": BigInteger})
     (
         env.from_source(source, uid="events")
         .key_by("app_id")
@@ -63,9 +73,18 @@ def run_pv_sql(
         .sink_to(sink, uid="sink")
     )
     env.graph.name = "pv-count-sql"
-    result = JobDriver(env.graph, options, spark=spark, failure=failure).run()
+    result = drive(env.graph, options, spark, failure, event_sink)
     dispose_engines()
     return result, url
+
+
+def expected_rows() -> Counter[tuple[Any, ...]]:
+    """The (app_id, pv) rows the source implies: pv 1..n for an app with n events."""
+    expected: Counter[tuple[Any, ...]] = Counter()
+    for line, n in expected_every_lines().items():
+        record = json.loads(line)
+        expected[(record["app_id"], record["pv"])] += n
+    return expected
 
 
 def table_rows(url: str, table: str) -> list[tuple[Any, ...]]:
@@ -90,11 +109,7 @@ def test_a_failure_and_restore_commit_exactly_the_rows_of_a_failure_free_run(
 
     baseline = Counter(table_rows(clean_url, TABLE))
     assert Counter(table_rows(failed_url, TABLE)) == baseline
-    expected: Counter[tuple[Any, ...]] = Counter()
-    for line, n in expected_every_lines().items():
-        record = json.loads(line)
-        expected[(record["app_id"], record["pv"])] += n
-    assert baseline == expected
+    assert baseline == expected_rows()
     assert sum(baseline.values()) == EVENTS
     for url in (clean_url, failed_url):
         assert table_rows(url, TABLE + "__sparkpoint_staged") == []  # nothing left uncommitted

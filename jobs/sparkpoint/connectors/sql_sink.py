@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from datetime import datetime, timezone
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -86,6 +86,24 @@ def _engine(url: str) -> Engine:
             engine = sa.create_engine(url, pool_pre_ping=True, connect_args=args)
         _ENGINES[key] = engine
     return engine
+
+
+@contextmanager
+def sink_transaction(url: str, sink: str, purpose: str) -> Iterator[Connection]:
+    """One transaction of ``sink`` (its class and table) on the database at ``url``. A
+    connection that fails, at the start or in the middle (the database stopped, the network
+    cut), is a :class:`SqlSinkUnavailableError` naming the URL, never the password: a restore
+    that meets it is one more failure for the restart strategy, not the end of the job."""
+    where = f"the database of {sink} at {display_url(url)}"
+    try:
+        conn = _engine(url).connect()
+    except sa.exc.DBAPIError as err:
+        raise SqlSinkUnavailableError(f"cannot reach {where} to {purpose}: {err.orig}") from err
+    try:
+        with conn, conn.begin():
+            yield conn
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as err:
+        raise SqlSinkUnavailableError(f"lost {where} to {purpose}: {err.orig}") from err
 
 
 def dispose_engines() -> None:
@@ -196,18 +214,8 @@ class SqlSink(TwoPhaseCommitSink):
             self.__dict__["_cached_tables"] = _schema(self.table, self.columns)
         return self.__dict__["_cached_tables"]
 
-    @contextmanager
-    def _transaction(self, purpose: str) -> Iterator[Connection]:
-        """One database transaction; a connection failure names the URL, never the password."""
-        try:
-            conn = _engine(self.url).connect()
-        except sa.exc.DBAPIError as err:
-            raise SqlSinkUnavailableError(
-                f"cannot reach the database of SqlSink {self.table} at {display_url(self.url)} "
-                f"to {purpose}: {err.orig}"
-            ) from err
-        with conn, conn.begin():
-            yield conn
+    def _transaction(self, purpose: str) -> AbstractContextManager[Connection]:
+        return sink_transaction(self.url, f"SqlSink {self.table}", purpose)
 
     def _ensure_schema(self) -> None:
         """Create the missing tables; an existing one must have the sink's columns."""

@@ -24,8 +24,8 @@ Sink transactions have no parts: the driver has nothing to commit or abort.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -43,12 +43,11 @@ from sparkpoint.connectors.sinks import (
 from sparkpoint.connectors.sql_sink import (
     _MAX_IDENTIFIER,
     ColumnType,
-    SqlSinkUnavailableError,
     _check_identifier,
-    _engine,
     _native,
     display_url,
     insert_rows,
+    sink_transaction,
 )
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import SinkTransactionModel
@@ -148,18 +147,9 @@ class UpsertSink(TwoPhaseCommitSink):
             self.__dict__["_cached_table"] = _schema(self.table, self.columns, self.key_columns)
         return self.__dict__["_cached_table"]
 
-    @contextmanager
-    def transaction(self, purpose: str) -> Iterator[Connection]:
-        """One database transaction; a connection failure names the URL, never the password."""
-        try:
-            conn = _engine(self.url).connect()
-        except sa.exc.DBAPIError as err:
-            raise SqlSinkUnavailableError(
-                f"cannot reach the database of UpsertSink {self.table} at "
-                f"{display_url(self.url)} to {purpose}: {err.orig}"
-            ) from err
-        with conn, conn.begin():
-            yield conn
+    def transaction(self, purpose: str) -> AbstractContextManager[Connection]:
+        """One database transaction (:func:`~sparkpoint.connectors.sql_sink.sink_transaction`)."""
+        return sink_transaction(self.url, f"UpsertSink {self.table}", purpose)
 
     def _ensure_schema(self) -> None:
         """Create a missing table; an existing one must have the columns and a unique key."""

@@ -25,39 +25,37 @@ from sparkpoint.checkpointing.pending import (
     CheckpointFailureReason,
     CompletedCheckpoint,
     FailedCheckpoint,
-    FailoverDecision,
 )
-from sparkpoint.checkpointing.restart import SUPPRESSED, RestartStrategy
+from sparkpoint.checkpointing.restart import RestartStrategy
 from sparkpoint.checkpointing.savepoints import write_savepoint
 from sparkpoint.checkpointing.storage import CheckpointStorage
-from sparkpoint.errors import CorruptSnapshotError, InjectedFailure, SparkpointError
-from sparkpoint.job_graph import Region
+from sparkpoint.errors import (
+    CorruptSnapshotError,
+    InjectedFailure,
+    SparkpointError,
+)
 from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
-from sparkpoint.runtime.failover import failover_region, task_failed
+from sparkpoint.runtime.failover import failover_region
 from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     check_restore_point,
     checkpoint_metadata,
-    newest_restorable,
     restore_point_from_metadata,
     storage_for_checkpoint_path,
-    verify_restore_point,
 )
 from sparkpoint.runtime.registration import job_guarantee, registration
 from sparkpoint.runtime.spark import EpochFailedError
+from sparkpoint.runtime.standalone_failover import JobFailedError as JobFailedError  # re-export
+from sparkpoint.runtime.standalone_failover import StandaloneFailover
 
 log = logging.getLogger(__name__)
 
 #: How long a standalone job waits for a record before it looks at its signals and timers
 #: again (an idle source).
 IDLE_POLL_MS = 100
-
-
-class JobFailedError(SparkpointError):
-    """The job failed and its restart strategy allows no more restarts."""
 
 
 class JobCanceledError(SparkpointError):
@@ -132,6 +130,7 @@ class InProcessAuthority(Authority):
         self.initial_point: RestorePoint | None = None  # --from-checkpoint, the fallback
         self.initial_storage: CheckpointStorage | None = None
         self.finished = False
+        self.failover = StandaloneFailover(self)
 
     def prepare(self) -> None:
         """Read ``--from-checkpoint`` before Spark starts, so that a wrong path fails at once.
@@ -233,7 +232,7 @@ class InProcessAuthority(Authority):
         # Step 1
         self.job.set_status(p.JobStatus.CANCELLING, "canceled by a signal")
         # Step 2
-        self._handle_failed(
+        self.handle_failed(
             self.coordinator.abort_all(
                 CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN, "the job was canceled"
             )
@@ -243,7 +242,7 @@ class InProcessAuthority(Authority):
 
     def _run_one_epoch(self, runner: EpochRunner) -> None:
         job, coordinator = self.job, self.coordinator
-        self._handle_failed(coordinator.expire_overdue(why=self._epoch_ends.why_expired))
+        self.handle_failed(coordinator.expire_overdue(why=self._epoch_ends.why_expired))
         ending = job.planner.exhausted() or self._stopping
         if ending and (wait_ms := coordinator.final_wait_ms()) > 0:
             # The last final checkpoint failed: the next waits (TriggerTiming.final_wait).
@@ -283,22 +282,22 @@ class InProcessAuthority(Authority):
             vertex = failed[0] if failed is not None else None
             region = failover_region(job.graph, self.options.failover_strategy, vertex)
             if not outcome.recoverable:
-                self._fail_for_good(outcome.failure, outcome.epoch, failed)
+                self.failover.fail_for_good(outcome.failure, outcome.epoch, failed)
             elif region is None or failed is None:  # the whole job: every job of one region
-                self._on_failure(outcome.failure, outcome.epoch, failed)
+                self.failover.on_failure(outcome.failure, outcome.epoch, failed)
             else:
-                self._on_region_failure(outcome.failure, outcome.epoch, region, failed)
+                self.failover.on_region_failure(outcome.failure, outcome.epoch, region, failed)
 
     # ------------------------------------------------------------------ EpochListener
     def before_acks(self) -> None:
         # A checkpoint whose timeout passed while the epoch ran: its acknowledgements are late.
-        self._handle_failed(self.coordinator.expire_overdue(why=self._epoch_ends.why_expired))
+        self.handle_failed(self.coordinator.expire_overdue(why=self._epoch_ends.why_expired))
 
     def on_decline(self, attempt: int, decline: p.CheckpointDeclined) -> None:
         failed = self.coordinator.decline(
             attempt, decline.checkpoint_id, decline.operator_id, decline.subtask, decline.reason
         )
-        self._handle_failed([failed] if failed else [])
+        self.handle_failed([failed] if failed else [])
 
     def on_ack(self, attempt: int, ack: p.SnapshotCompleted) -> None:
         result = self.coordinator.acknowledge(attempt, ack)
@@ -308,7 +307,7 @@ class InProcessAuthority(Authority):
             self._complete(result.completed)
 
     def after_acks(self) -> None:
-        self._handle_failed(self.coordinator.drain_failed())
+        self.handle_failed(self.coordinator.drain_failed())
 
     def after_epoch(self, epoch: int) -> None:
         if self.coordinator.must_fail_job:  # the cause names the last checkpoint and why
@@ -334,7 +333,7 @@ class InProcessAuthority(Authority):
             failed = self.coordinator.finalize_failed(
                 cp.checkpoint_id, f"writing _metadata failed: {err}"
             )
-            self._handle_failed([failed])
+            self.handle_failed([failed])
             return
         # Step 2: record it (standalone: the coordinator's completed-checkpoint store).
         job.completed.append(cp.checkpoint_id)
@@ -368,8 +367,15 @@ class InProcessAuthority(Authority):
                 f"injected failure after checkpoint {cp.checkpoint_id} completed, before its "
                 "sink transactions were committed"
             )
-        # Step 4: the sinks commit the transactions of this checkpoint.
-        job.commit(cp.checkpoint_id, cp.acks.values())
+        # Step 4: the sinks commit the transactions of this checkpoint. One that cannot (its
+        # database away) fails the epoch: the restart strategy decides, and the restore
+        # commits them again (the checkpoint is complete), as for a connected job.
+        try:
+            job.commit(cp.checkpoint_id, cp.acks.values())
+        except Exception as err:  # a sink's error of any kind
+            raise EpochFailedError(
+                job.epoch, f"committing checkpoint {cp.checkpoint_id} failed: {err}"
+            ) from err
         if cp.is_final:
             self.finished = True
 
@@ -381,7 +387,7 @@ class InProcessAuthority(Authority):
         self.storage.discard(job_id, cp.checkpoint_id)
         log.info("job %s: savepoint %d written to %s", job_id, cp.checkpoint_id, cp.external_path)
 
-    def _handle_failed(self, failed: list[FailedCheckpoint]) -> None:
+    def handle_failed(self, failed: list[FailedCheckpoint]) -> None:
         for f in failed:
             self.storage.discard(self.job.job_id, f.checkpoint_id)
             self.job.publish(
@@ -389,103 +395,3 @@ class InProcessAuthority(Authority):
                     checkpoint_id=f.checkpoint_id, reason=f"{f.reason.name}: {f.message}"
                 )
             )
-
-    def _fail_for_good(self, cause: str, epoch: int, failed: tuple[str, int] | None) -> None:
-        """A failure that no restart can fix (a task's configuration error): reported, and the
-        job fails without asking its restart strategy (Flink's SuppressRestartsException)."""
-        job = self.job
-        job.publish(task_failed(epoch, cause, failed, None, recoverable=False))
-        job.set_status(p.JobStatus.FAILING, cause)
-        raise JobFailedError(f"job {job.job_id} failed: {cause} ({SUPPRESSED.message})")
-
-    def _on_failure(self, cause: str, epoch: int, failed: tuple[str, int] | None = None) -> None:
-        """Steps: (1) report (naming the subtask that raised it, when known), (2) ask the
-        restart strategy, (3) fail over, (4) restore."""
-        job = self.job
-        # Step 1
-        job.publish(task_failed(epoch, cause, failed, None))
-        # Step 2
-        decision = self.restart.on_failure(job.clock.now_ms())
-        if not decision.restart:
-            job.set_status(p.JobStatus.FAILING, cause)
-            raise JobFailedError(f"job {job.job_id} failed: {cause} ({decision.message})")
-        job.set_status(p.JobStatus.RESTARTING, cause)
-        self.wait_unless_canceled(decision.delay_ms)
-        if self.cancel_requested:
-            return  # run() cancels; a later restore starts from the latest checkpoint anyway
-        # Step 3: the latest completed checkpoint whose state files verify.
-        failover, note = self._failover(cause)
-        job.attempt = failover.attempt
-        self._handle_failed(failover.aborted)
-        # Step 4: that checkpoint, else the one the job started from.
-        cp = failover.restore_from
-        if cp is not None:
-            job.restore(RestorePoint.of(cp), None)
-        else:
-            job.restore(self.initial_point, self.initial_storage)
-        job.set_status(p.JobStatus.RUNNING, note)
-
-    def _on_region_failure(
-        self, cause: str, epoch: int, region: Region, failed: tuple[str, int]
-    ) -> None:
-        """As :meth:`_on_failure`, restoring only ``region`` (Flink's region failover): the
-        restart strategy counts it as a restart, pending checkpoints are aborted (each covers
-        every vertex), the other regions keep their working state and attempt."""
-        job = self.job
-        # Step 1
-        job.publish(task_failed(epoch, cause, failed, region))
-        # Step 2
-        decision = self.restart.on_failure(job.clock.now_ms())
-        if not decision.restart:
-            job.set_status(p.JobStatus.FAILING, cause)
-            raise JobFailedError(f"job {job.job_id} failed: {cause} ({decision.message})")
-        job.set_status(p.JobStatus.RESTARTING, cause)
-        self.wait_unless_canceled(decision.delay_ms)
-        if self.cancel_requested:
-            return
-        # Step 3
-        failover, note = self._failover(cause)
-        previous, job.attempt = job.attempt, failover.attempt
-        self._handle_failed(failover.aborted)
-        # Step 4
-        cp = failover.restore_from
-        if cp is not None:
-            job.restore_region(region, RestorePoint.of(cp), None, previous, epoch)
-        else:
-            job.restore_region(region, self.initial_point, self.initial_storage, previous, epoch)
-        restarted = f"region {region.name} ({', '.join(region.vertices)}) restarted"
-        job.set_status(p.JobStatus.RUNNING, f"{note}; {restarted}" if note else restarted)
-
-    def _failover(self, cause: str) -> tuple[FailoverDecision, str | None]:
-        """The coordinator's failover to its latest checkpoint, or, when that one's state
-        files are corrupt or missing, to the newest that verifies (and a note saying which
-        were skipped and why: the job's RUNNING cause and a log line).
-
-        Raises:
-            JobFailedError: no retained checkpoint verifies (restoring the beginning instead
-                would produce the output they committed again), or none is retained and the
-                ``--from-checkpoint`` one does not verify.
-        """
-        chosen, skipped = newest_restorable(self.coordinator.store.all(), self.storage)
-        if not skipped and chosen is None and self.initial_point is not None:
-            try:  # no checkpoint yet: the one the job started from, if it can be restored
-                verify_restore_point(self.initial_point, self.initial_storage or self.storage)
-            except CorruptSnapshotError as err:
-                skipped.append(str(err))
-        if not skipped:
-            return self.coordinator.failover(cause), None
-        for why in skipped:
-            log.warning("job %s: %s", self.job.job_id, why)
-        if chosen is None:
-            self.job.set_status(p.JobStatus.FAILING, cause)
-            raise JobFailedError(
-                f"job {self.job.job_id} failed: {cause}; no checkpoint can be restored: "
-                f"{'; '.join(skipped)}"
-            )
-        note = (
-            f"restored {chosen.kind.value} {chosen.checkpoint_id} instead of the latest: "
-            f"{'; '.join(skipped)} (output committed since {chosen.checkpoint_id} is produced "
-            "again)"
-        )
-        log.warning("job %s: %s", self.job.job_id, note)
-        return self.coordinator.restore_from(chosen, cause), note

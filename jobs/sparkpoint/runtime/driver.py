@@ -252,8 +252,8 @@ class JobDriver:
             if job.status is p.JobStatus.FINISHED:
                 shutil.rmtree(os.path.join(self.options.local_dir, self.job_id), ignore_errors=True)
                 self.storage.discard_working_state(self.job_id)
-        except JobFailedError:
-            job.set_status(p.JobStatus.FAILED)
+        except JobFailedError as err:  # FAILED says why, as the control plane's does
+            job.set_status(p.JobStatus.FAILED, str(err).removeprefix(f"job {job.job_id} failed: "))
             raise
         except SparkLostError as err:
             raise SparkLostError(err.cause, self.job_id) from err

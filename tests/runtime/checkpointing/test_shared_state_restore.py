@@ -117,11 +117,11 @@ def test_failover_restores_the_newest_checkpoint_that_verifies(
     storage: FileSystemCheckpointStorage, files: LocalFiles
 ) -> None:
     authority, job, urls = _authority(storage, files)
-    authority._on_failure("task failed", 7)
+    authority.failover.on_failure("task failed", 7)
     assert job.restored == [3]  # all intact: the latest
     assert job.statuses[-1] == (p.JobStatus.RUNNING, None)
     storage.fs.rm(fs_path(storage, urls[2]))  # only checkpoint 3 references 3.sst
-    authority._on_failure("task failed", 8)
+    authority.failover.on_failure("task failed", 8)
     assert job.restored == [3, 2]
     status, note = job.statuses[-1]
     assert status is p.JobStatus.RUNNING
@@ -138,7 +138,7 @@ def test_failover_fails_the_job_when_no_checkpoint_verifies(
     authority, job, urls = _authority(storage, files)
     storage.fs.rm(fs_path(storage, urls[0]))  # 1.sst: every checkpoint references it
     with pytest.raises(JobFailedError) as err:
-        authority._on_failure("task failed", 7)
+        authority.failover.on_failure("task failed", 7)
     assert job.restored == []
     message = str(err.value)
     assert message.startswith(f"job {JOB} failed: task failed; no checkpoint can be restored: ")
@@ -170,11 +170,11 @@ def test_a_from_checkpoint_with_a_missing_file_is_not_restored_again_on_failover
     )
     authority = InProcessAuthority(job, FixedDelayRestartStrategy(attempts=5, delay_ms=0), storage)  # type: ignore[arg-type]
     authority.prepare()
-    authority._on_failure("task failed", 1)
+    authority.failover.on_failure("task failed", 1)
     assert job.restored == [1]
     storage.fs.rm(fs_path(storage, url))
     with pytest.raises(JobFailedError) as err:
-        authority._on_failure("task failed", 2)
+        authority.failover.on_failure("task failed", 2)
     assert str(err.value) == (
         f"job {JOB} failed: task failed; no checkpoint can be restored: checkpoint 1 ({path}) "
         f"cannot be restored: state file {url} of native snapshot {handle.path} is missing "
