@@ -10,6 +10,7 @@ commit failed ended it as well, where the control plane restarts a connected job
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_a_database_away_at_commit_and_at_restore_is_ridden_out_by_restarts(
     pg = sa.make_url(PG_URL)
     proxy = TcpProxy(pg.host or "127.0.0.1", pg.port or 5432)
     url = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    table = f"sp_away_{tmp_path.name[-12:].replace('-', '_')}"
+    table = f"sp_away_{uuid.uuid4().hex[:12]}"
     events = _DatabaseAway(proxy, at=2)
     try:
         result, _ = run_pv_sql(
