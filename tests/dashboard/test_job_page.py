@@ -218,6 +218,13 @@ def test_the_status_table_lists_transitions_with_cause_and_attempt() -> None:
     ended = [*status_bands(JOB)]
     ended[-1] = {**ended[-1], "status": "FINISHED"}
     assert [r["lasted"] for r in page.status_rows(ended)][-2:] == ["1.50 s", "final"]
+    # RUNNING -> FAILING -> FAILED in one millisecond: the table sorts by order, not by time
+    # alone (a tie listed FAILING as the newest).
+    failed = [*ended[:-1], {**ended[-1], "status": "FAILING"}, {**ended[-1], "status": "FAILED"}]
+    rows = page.status_rows(failed)
+    assert page.STATUS_COLUMNS[0]["valueGetter"] == {"function": "params.data.seq"}
+    newest_first = sorted(rows, key=lambda r: r["seq"], reverse=True)
+    assert [r["status"] for r in newest_first][:2] == ["FAILED", "FAILING"]
 
 
 def test_the_throughput_chart_has_rate_lag_on_a_second_axis_and_restarts() -> None:
@@ -233,6 +240,17 @@ def test_the_throughput_chart_has_rate_lag_on_a_second_axis_and_restarts() -> No
     assert shape["x0"] == to_datetime(T0 + 80_000)
     # The RESTARTING transition of attempt 1 starts attempt 2 (RUNNING as attempt 2 next).
     assert [a["text"] for a in layout["annotations"]] == ["restart → attempt 2"]
+
+
+def test_a_job_without_an_epoch_says_so_instead_of_plotting_empty_axes() -> None:
+    # A job that failed before its first epoch ended (a restore refused in the task): no
+    # axes over Plotly's default dates of the year 2000.
+    figure = throughput_figure([], restart_marks(JOB))
+    assert figure["data"] == []
+    layout = figure["layout"]
+    assert not layout["xaxis"]["visible"] and not layout["yaxis"]["visible"]
+    [note] = layout["annotations"]
+    assert note["text"] == "No epoch has ended: no throughput to show"
 
 
 def test_failures_show_where_why_and_what_the_restart_strategy_decided() -> None:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkpoint_dashboard.components.charts import LEGEND, LEGEND_MARGIN_TOP, line_labels
+from sparkpoint_dashboard.components.charts import (
+    LEGEND,
+    LEGEND_MARGIN_TOP,
+    empty_figure,
+    line_labels,
+)
 from sparkpoint_dashboard.theme import AMBER, BLUE, GREY, chart_layout, status_color
 from sparkpoint_dashboard.units import fmt_ms, to_datetime
 
@@ -99,7 +104,10 @@ def throughput_figure(
     samples: list[dict[str, Any]], marks: list[tuple[int, str]]
 ) -> dict[str, Any]:
     """Records/s (left axis) and source lag in records (right axis) per epoch; restarts as
-    dashed vertical lines."""
+    dashed vertical lines. Without a sample, a blank chart that says so (not empty axes over
+    Plotly's default dates)."""
+    if not samples:
+        return empty_figure("No epoch has ended: no throughput to show")
     xs = [to_datetime(s["timestamp"]) for s in samples]
     data = [
         {

@@ -59,7 +59,7 @@ STATUS_COLUMNS: list[dict[str, Any]] = [
         "headerName": "Time (UTC)",
         "sort": "desc",
         "minWidth": 130,
-        "valueGetter": {"function": "params.data.timestamp"},
+        "valueGetter": {"function": "params.data.seq"},  # ties in time keep their order
         "valueFormatter": {"function": "params.data.clock"},
         "tooltipField": "time",
     },
@@ -259,6 +259,7 @@ def status_rows(bands: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "id": f"{b['start']}-{i}",
+                "seq": i,
                 "timestamp": b["start"],
                 "time": fmt_time(b["start"]),
                 "clock": fmt_time(b["start"])[11:],  # the date is on the timeline above
