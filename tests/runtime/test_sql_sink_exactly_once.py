@@ -43,6 +43,7 @@ def run_pv_sql(
     table: str = TABLE,
     attempts: int = 2,
     event_sink: EventSink | None = None,
+    from_checkpoint: str | None = None,
 ) -> tuple[JobResult, str]:
     """The PV job of ``pv_harness.run_pv`` (same options), writing into ``table`` at ``url``
     (None: a SQLite file of its own); returns the URL."""
@@ -57,6 +58,7 @@ def run_pv_sql(
         parallelism=2,
         max_epoch_records=EPOCH_RECORDS,
         min_epoch_records=EPOCH_RECORDS,
+        from_checkpoint=from_checkpoint,
         restart_strategy={
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": str(attempts),

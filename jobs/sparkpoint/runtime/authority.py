@@ -30,6 +30,7 @@ from sparkpoint.checkpointing.restart import RestartStrategy
 from sparkpoint.checkpointing.savepoints import write_savepoint
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import (
+    ConfigurationError,
     CorruptSnapshotError,
     InjectedFailure,
     SparkpointError,
@@ -185,7 +186,13 @@ class InProcessAuthority(Authority):
             )
             job.attempt = self.coordinator.attempt
         if point is not None and self.options.from_checkpoint:
-            job.restore(point, self.initial_storage)
+            try:
+                job.restore(point, self.initial_storage)
+            except ConfigurationError:
+                raise
+            except (SparkpointError, OSError) as err:  # a sink's database away, say
+                cause = f"restore of {self.options.from_checkpoint} failed: {err}"
+                self.failover.on_failure(cause, job.epoch)  # restores it again when it can
         job.set_status(p.JobStatus.RUNNING)
         job.planner.start()
         # Step 4
