@@ -18,7 +18,7 @@ from sparkpoint.errors import CheckpointError, StaleAttemptError
 from sparkpoint_server.coordination.job import (
     JobRuntime,
 )
-from sparkpoint_server.service import completions, final_checkpoint, storage_io
+from sparkpoint_server.service import attempts, completions, final_checkpoint, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import heartbeats as hb
 from sparkpoint_server.service.batch import Batch
@@ -167,7 +167,7 @@ class EventApplier:
         )
 
     def _restored(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.JobRestored) -> None:
-        d.job_restored(batch, rt, env.attempt, ev)
+        attempts.job_restored(batch, rt, env.attempt, ev)
 
     def _end_of_input(
         self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.EndOfInput

@@ -37,8 +37,8 @@ from sparkpoint.runtime.recovery import newest_restorable
 from sparkpoint.transport import ReceivedMessage
 from sparkpoint_server.coordination.job import JobRuntime
 from sparkpoint_server.errors import StorageUnavailableError
+from sparkpoint_server.service import attempts, origins, storage_io
 from sparkpoint_server.service import decisions as d
-from sparkpoint_server.service import origins, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
 from sparkpoint_server.storage.models import Job
@@ -181,7 +181,9 @@ def fail_over(batch: Batch, rt: JobRuntime, cause: str, verdicts: Verdicts) -> N
     chosen, skipped = _choose(rt, verdicts)
     # Step 3a
     if not skipped:
-        d.start_attempt(batch, rt, rt.coordinator.failover_to(chosen, cause), request_id=None)
+        attempts.start_attempt(
+            batch, rt, rt.coordinator.failover_to(chosen, cause), request_id=None
+        )
         return
     for why in skipped:
         log.warning("job %s: %s", rt.job_id, why)
@@ -212,7 +214,7 @@ def fail_over(batch: Batch, rt: JobRuntime, cause: str, verdicts: Verdicts) -> N
     )
     log.warning("job %s: %s: %s", rt.job_id, action, "; ".join(skipped))
     _record(batch, rt, str(decision.attempt), skipped, action)
-    d.start_attempt(batch, rt, decision, request_id=None)
+    attempts.start_attempt(batch, rt, decision, request_id=None)
 
 
 def _choose(rt: JobRuntime, verdicts: Verdicts) -> tuple[CompletedCheckpoint | None, list[str]]:

@@ -31,10 +31,10 @@ from sparkpoint_server.coordination.job import (
     tasks_of,
 )
 from sparkpoint_server.errors import StorageUnavailableError
+from sparkpoint_server.service import attempts, origins, run_settings, storage_io
 from sparkpoint_server.service import decisions as d
 from sparkpoint_server.service import failover as fo
 from sparkpoint_server.service import heartbeats as hb
-from sparkpoint_server.service import origins, run_settings, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.recovery import load_job
 from sparkpoint_server.service.storage_io import StorageRoots, state_paths
@@ -205,7 +205,7 @@ class Registrations:
                 decision = rt.coordinator.restore_to(held.checkpoint_id)
             else:
                 decision = rt.coordinator.restore_from(origins.read_from_path(point), cause)
-            d.start_attempt(batch, rt, decision, request_id=None, new_line=True)
+            attempts.start_attempt(batch, rt, decision, request_id=None, new_line=True)
         if rt.status is not p.JobStatus.FAILED:  # not when no checkpoint could be restored
             run_settings.adopt(batch, rt, settings)
 

@@ -39,8 +39,8 @@ from sparkpoint_server.errors import (
     JobNotFoundError,
     StorageUnavailableError,
 )
+from sparkpoint_server.service import attempts, origins, storage_io
 from sparkpoint_server.service import decisions as d
-from sparkpoint_server.service import origins, storage_io
 from sparkpoint_server.service.batch import Batch
 from sparkpoint_server.service.storage_io import state_paths
 from sparkpoint_server.storage.models import Job
@@ -291,7 +291,7 @@ def _restore(
             decision = rt.coordinator.restore_to(cp.checkpoint_id)
         else:
             decision = rt.coordinator.restore_from(cp, cause)
-        d.start_attempt(batch, rt, decision, request_id)
+        attempts.start_attempt(batch, rt, decision, request_id)
     return request_id
 
 
