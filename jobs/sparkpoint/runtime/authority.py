@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from functools import partial
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.barriers import CheckpointBarrier
@@ -30,7 +31,6 @@ from sparkpoint.checkpointing.restart import RestartStrategy
 from sparkpoint.checkpointing.savepoints import write_savepoint
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import (
-    ConfigurationError,
     CorruptSnapshotError,
     InjectedFailure,
     SparkpointError,
@@ -38,7 +38,7 @@ from sparkpoint.errors import (
 from sparkpoint.protocol_types import CheckpointKind
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
-from sparkpoint.runtime.failover import failover_region
+from sparkpoint.runtime.failover import failover_region, restore_error
 from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
     RestorePoint,
@@ -186,13 +186,10 @@ class InProcessAuthority(Authority):
             )
             job.attempt = self.coordinator.attempt
         if point is not None and self.options.from_checkpoint:
-            try:
-                job.restore(point, self.initial_storage)
-            except ConfigurationError:
-                raise
-            except (SparkpointError, OSError) as err:  # a sink's database away, say
-                cause = f"restore of {self.options.from_checkpoint} failed: {err}"
-                self.failover.on_failure(cause, job.epoch)  # restores it again when it can
+            error = restore_error(partial(job.restore, point, self.initial_storage))
+            if error is not None:  # the failover restores it again when it can
+                cause = f"restore of {self.options.from_checkpoint} failed: {error}"
+                self.failover.on_failure(cause, job.epoch)
         job.set_status(p.JobStatus.RUNNING)
         job.planner.start()
         # Step 4
@@ -393,6 +390,15 @@ class InProcessAuthority(Authority):
         cp.external_path, cp.acks = write_savepoint(job_id, cp, dict(cp.acks), self.storage, target)
         self.storage.discard(job_id, cp.checkpoint_id)
         log.info("job %s: savepoint %d written to %s", job_id, cp.checkpoint_id, cp.external_path)
+
+    def restore_point(
+        self, cp: CompletedCheckpoint | None
+    ) -> tuple[RestorePoint | None, CheckpointStorage | None]:
+        """What a failover restores: ``cp`` (in the job's own storage), else the checkpoint
+        the job started from (``--from-checkpoint``, where it is), else the beginning."""
+        if cp is not None:
+            return RestorePoint.of(cp), None
+        return self.initial_point, self.initial_storage
 
     def handle_failed(self, failed: list[FailedCheckpoint]) -> None:
         for f in failed:

@@ -24,7 +24,6 @@ from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
-    ConfigurationError,
     SparkpointError,
 )
 from sparkpoint.job_graph import Region
@@ -36,7 +35,7 @@ from sparkpoint.runtime.driver_lease import DriverSupersededError
 from sparkpoint.runtime.epoch_commands import EpochCommandReader
 from sparkpoint.runtime.epochs import EpochRunner
 from sparkpoint.runtime.execution import JobExecution
-from sparkpoint.runtime.failover import failover_region, task_failed
+from sparkpoint.runtime.failover import failover_region, restore_error, task_failed
 from sparkpoint.runtime.plan import SplitRange
 from sparkpoint.runtime.planner import holds_records
 from sparkpoint.runtime.recovery import (
@@ -406,7 +405,8 @@ class ControlPlaneAuthority(Authority):
         )
         if not fresh:
             job.set_status(p.JobStatus.RESTARTING, f"attempt {job.attempt} restores {what}")
-        try:
+
+        def restore() -> None:
             # Step 3
             point, storage = self._restore_point(command)
             # Step 4
@@ -414,10 +414,10 @@ class ControlPlaneAuthority(Authority):
                 job.restore_region(region[0], point, storage, previous, region[1])
             else:
                 job.restore(point, storage, record=point is not None or not fresh)
-        except ConfigurationError:
-            raise
-        except (SparkpointError, OSError) as err:
-            self._fail(job.epoch, f"restore of {what} failed: {err}")
+
+        error = restore_error(restore)
+        if error is not None:
+            self._fail(job.epoch, f"restore of {what} failed: {error}")
             return
         # Step 5: a first start reports RUNNING once Spark is up (see run), as Flink does
         # once the tasks are deployed: the control plane starts the checkpoint interval then.

@@ -17,10 +17,10 @@ from __future__ import annotations
 import enum
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sparkpoint import protocol as p
-from sparkpoint.errors import ConfigurationError
+from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.job_graph import JobGraph, Region
 
 _NOTE = "(in Sparkpoint subtask {uid}[{subtask}])"
@@ -127,6 +127,20 @@ def failover_region(graph: JobGraph, strategy: str, vertex: str | None) -> Regio
     if len(regions) < 2:
         return None
     return next((r for r in regions if vertex in r.vertices), None)
+
+
+def restore_error(restore: Callable[[], object]) -> str | None:
+    """Run ``restore``; the error of one that failed (a sink's database away while it commits
+    the restored checkpoint's transactions again, a state file unreadable), which is one more
+    failure for the restart strategy to decide, else None. A :class:`ConfigurationError`
+    propagates: the checkpoint does not fit the job, and no restart would change that."""
+    try:
+        restore()
+    except ConfigurationError:
+        raise
+    except (SparkpointError, OSError) as err:
+        return str(err)
+    return None
 
 
 def task_failed(

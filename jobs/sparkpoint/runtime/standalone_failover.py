@@ -10,15 +10,16 @@ control plane (``sparkpoint_server.service.decisions``).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.pending import FailoverDecision
 from sparkpoint.checkpointing.restart import SUPPRESSED
-from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, SparkpointError
+from sparkpoint.errors import CorruptSnapshotError, SparkpointError
 from sparkpoint.job_graph import Region
-from sparkpoint.runtime.failover import task_failed
-from sparkpoint.runtime.recovery import RestorePoint, newest_restorable, verify_restore_point
+from sparkpoint.runtime.failover import restore_error, task_failed
+from sparkpoint.runtime.recovery import newest_restorable, verify_restore_point
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.authority import InProcessAuthority
@@ -60,20 +61,13 @@ class StandaloneFailover:
             job.attempt = failover.attempt
             a.handle_failed(failover.aborted)
             # Step 4: that checkpoint, else the one the job started from.
-            cp = failover.restore_from
-            try:
-                if cp is not None:
-                    job.restore(RestorePoint.of(cp), None)
-                else:
-                    job.restore(a.initial_point, a.initial_storage)
-            except ConfigurationError:
-                raise
-            except (SparkpointError, OSError) as err:
-                cause = f"restore of attempt {job.attempt} failed: {err}"
-                epoch, failed = job.epoch, None
-                continue
-            job.set_status(p.JobStatus.RUNNING, note)
-            return
+            point, storage = a.restore_point(failover.restore_from)
+            error = restore_error(partial(job.restore, point, storage))
+            if error is None:
+                job.set_status(p.JobStatus.RUNNING, note)
+                return
+            cause = f"restore of attempt {job.attempt} failed: {error}"
+            epoch, failed = job.epoch, None
 
     def on_region_failure(
         self, cause: str, epoch: int, region: Region, failed: tuple[str, int]
@@ -91,16 +85,10 @@ class StandaloneFailover:
         previous, job.attempt = job.attempt, failover.attempt
         a.handle_failed(failover.aborted)
         # Step 4
-        cp = failover.restore_from
-        point, storage = (
-            (RestorePoint.of(cp), None) if cp is not None else (a.initial_point, a.initial_storage)
-        )
-        try:
-            job.restore_region(region, point, storage, previous, epoch)
-        except ConfigurationError:
-            raise
-        except (SparkpointError, OSError) as err:
-            self.on_failure(f"restore of region {region.name} failed: {err}", job.epoch)
+        point, storage = a.restore_point(failover.restore_from)
+        error = restore_error(partial(job.restore_region, region, point, storage, previous, epoch))
+        if error is not None:
+            self.on_failure(f"restore of region {region.name} failed: {error}", job.epoch)
             return
         restarted = f"region {region.name} ({', '.join(region.vertices)}) restarted"
         job.set_status(p.JobStatus.RUNNING, f"{note}; {restarted}" if note else restarted)
