@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from service_harness import Harness
@@ -34,7 +35,7 @@ from .conftest import build_app
 pytestmark = pytest.mark.slow  # minutes of generated requests: make test-slow
 
 TOKEN = "fuzz-token-0123456789abcdef"
-EXAMPLES = 4  # per operation (fuzzing phase): ~2 min here with 4, which keeps CI under 30 min
+EXAMPLES = 4  # per operation (fuzzing phase): ~40 s here on two workers; CI stays under 30 min
 
 # Inputs that the schema cannot judge: whether a directory is under the storage roots, whether
 # a restart strategy's duration parses, whether a savepoint exists. A valid-looking one may be
@@ -132,6 +133,20 @@ def jobs(harness: Harness) -> Jobs:
     return Jobs(harness)
 
 
+# One app per test function, not per generated case: a new FastAPI app compiles its routes at
+# its first request (~90 ms here), which per case was most of this module's minutes.
+@pytest.fixture
+def open_app(harness: Harness) -> FastAPI:
+    return build_app(harness.sessions, api_token=TOKEN, control_plane=harness.plane)
+
+
+@pytest.fixture
+def protected_app(harness: Harness) -> FastAPI:
+    return build_app(
+        harness.sessions, api_token=TOKEN, protect_reads=True, control_plane=harness.plane
+    )
+
+
 # Each schema is read once, from an app with the settings of the test's app; the calls go to
 # the test's app, on the test database. With protected reads only the reads differ.
 open_reads = schemathesis.openapi.from_asgi(
@@ -155,10 +170,9 @@ HYPOTHESIS = settings(
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @open_reads.parametrize()
 @HYPOTHESIS
-def test_every_operation_answers_as_documented(case: Any, harness: Harness, jobs: Jobs) -> None:
-    app = build_app(harness.sessions, api_token=TOKEN, control_plane=harness.plane)
+def test_every_operation_answers_as_documented(case: Any, open_app: FastAPI, jobs: Jobs) -> None:
     use_real_ids(case, jobs)
-    case.call_and_validate(app=app)
+    case.call_and_validate(app=open_app)
 
 
 @pytest.mark.timeout(120)
@@ -166,10 +180,7 @@ def test_every_operation_answers_as_documented(case: Any, harness: Harness, jobs
 @protected_reads.parametrize()
 @HYPOTHESIS
 def test_with_protected_reads_every_operation_answers_as_documented(
-    case: Any, harness: Harness, jobs: Jobs
+    case: Any, protected_app: FastAPI, jobs: Jobs
 ) -> None:
-    app = build_app(
-        harness.sessions, api_token=TOKEN, protect_reads=True, control_plane=harness.plane
-    )
     use_real_ids(case, jobs)
-    case.call_and_validate(app=app)
+    case.call_and_validate(app=protected_app)
