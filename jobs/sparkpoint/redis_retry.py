@@ -9,20 +9,24 @@ one waits for Redis again), :class:`TransportError` any other failure.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import redis
 
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.errors import SparkpointError
+from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.redis_connection import client_url
 
 log = logging.getLogger(__name__)
 
-RETRY_FOR_S = 30.0  # how long a call keeps retrying while Redis is unavailable
+RETRY_FOR_S = 30.0  # how long a call keeps retrying while Redis is unavailable, by default
+#: Overrides :data:`RETRY_FOR_S` (seconds): how long a Redis outage or failover a driver waits
+#: out before it ends as lost (``sparkpoint run`` then starts the next, which waits again).
+RETRY_WINDOW_ENV = "SPARKPOINT_REDIS_RETRY_WINDOW"
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 # Refusals that pass without anyone changing the request: Redis cannot write its disk
@@ -55,6 +59,27 @@ class RedisUnreachableError(TransportError):
     :func:`passing_refusal`)."""
 
 
+def retry_window_s(environ: Mapping[str, str] = os.environ) -> float:
+    """How long a Redis call keeps retrying while Redis is unavailable:
+    ``SPARKPOINT_REDIS_RETRY_WINDOW`` seconds, or :data:`RETRY_FOR_S`.
+
+    Raises:
+        ConfigurationError: the variable is not a positive number of seconds.
+    """
+    raw = environ.get(RETRY_WINDOW_ENV, "").strip()
+    if not raw:
+        return RETRY_FOR_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(
+            f"{RETRY_WINDOW_ENV} must be a positive number of seconds, got {raw!r}"
+        )
+    return seconds
+
+
 def _unavailable(err: redis.RedisError) -> str | None:
     """How Redis is unavailable (``unreachable``, ``refusing``: a wait may mend it), or None
     when it refused the request itself (a wrong password is a connection error to redis-py)."""
@@ -77,7 +102,7 @@ def retrying(
     what: str,
     client: redis.Redis,
     *,
-    retry_for_s: float = RETRY_FOR_S,
+    retry_for_s: float | None = None,
     clock: Clock | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> _T:
@@ -88,7 +113,8 @@ def retrying(
         action: The Redis call(s); run again while Redis is unavailable.
         what: What the action does, for messages ("publish 3 events to sparkpoint:events").
         client: The client the action uses (its URL goes into the error).
-        retry_for_s: Give up once this many seconds passed since the first attempt.
+        retry_for_s: Give up once this many seconds passed since the first attempt
+            (None: :func:`retry_window_s`).
         clock: The monotonic clock of the deadline (the system clock by default).
         sleep: How to wait between attempts.
 
@@ -97,6 +123,8 @@ def retrying(
             passes, for ``retry_for_s``.
         TransportError: Redis refused the command for any other reason.
     """
+    if retry_for_s is None:
+        retry_for_s = retry_window_s()
     clock = clock or SystemClock()
     deadline = clock.monotonic_ms() + retry_for_s * 1000
     delay = 0.1

@@ -143,7 +143,7 @@ class RedisEventSink(EventSink):
         streams: Streams = Streams(),
         max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
         *,
-        retry_for_s: float = RETRY_FOR_S,
+        retry_for_s: float | None = None,
         clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
         signer: Signer | None = None,
@@ -203,7 +203,7 @@ def send_command(
     payload: protocol.CommandPayload,
     *,
     max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
-    retry_for_s: float = RETRY_FOR_S,
+    retry_for_s: float | None = None,
     signer: Signer | None = None,
 ) -> str:
     """Send one command to a job.
@@ -216,7 +216,8 @@ def send_command(
         timestamp: Epoch milliseconds.
         payload: One of the protocol's command models.
         max_bytes: The size limit of the encoded message.
-        retry_for_s: How long to retry while Redis is unreachable.
+        retry_for_s: How long to retry while Redis is unreachable (None: the retry window,
+            :func:`~sparkpoint.redis_retry.retry_window_s`).
         signer: Numbers and signs the command (:mod:`sparkpoint.signing`).
 
     Returns:
@@ -238,7 +239,7 @@ def send_commands(
     items: Sequence[protocol.Envelope],
     *,
     max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
-    retry_for_s: float = RETRY_FOR_S,
+    retry_for_s: float | None = None,
     signer: Signer | None = None,
 ) -> list[str]:
     """Send commands (each to its envelope's job) in one round trip, in order; numbered and
@@ -323,7 +324,7 @@ class CommandChannel:
         count: int = 100,
         client: redis.Redis | None = None,
         *,
-        retry_for_s: float = RETRY_FOR_S,
+        retry_for_s: float | None = None,
     ) -> list[ReceivedMessage]:
         """The next commands, in order; acknowledge each with :meth:`ack` once obeyed.
 
@@ -335,7 +336,8 @@ class CommandChannel:
                 read another client can end with ``CLIENT UNBLOCK``).
             retry_for_s: Keep trying this long while Redis is unreachable (it restarts:
                 the embedded Redis of a control plane comes back within seconds), as
-                publishing and :meth:`ack` do; 0: raise at once.
+                publishing and :meth:`ack` do; None: the retry window
+                (:func:`~sparkpoint.redis_retry.retry_window_s`); 0: raise at once.
 
         Raises:
             TransportError: Redis stayed unreachable, or refused the read.

@@ -3,8 +3,9 @@ and rides out a Redis that refuses writes for a while (its disk full).
 
 Through the real control plane, ``sparkpoint run`` and Spark, on a Redis server of the test's
 own (append-only file on, so that it comes back with its streams, as a production Redis
-does): Redis is killed once the job has completed a checkpoint and started again 45 s later,
-past the 30 s a driver retries Redis (``RETRY_FOR_S``). The driver used to give up, exit 1,
+does): Redis is killed once the job has completed a checkpoint and started again 20 s later,
+past the 8 s a driver retries Redis here (``SPARKPOINT_REDIS_RETRY_WINDOW``; 30 s by default).
+The driver used to give up, exit 1,
 and tell the control plane FAILED as soon as Redis was back: the job failed for good. Now the
 driver ends as lost (exit 75), ``sparkpoint run`` starts the next, which waits for Redis,
 registers, and the control plane fails the job over to its latest checkpoint: the committed
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +32,34 @@ from .test_origin_failover import _pv
 
 pytestmark = pytest.mark.spark
 
-OUTAGE_S = 45.0
+RETRY_WINDOW_S = 8  # the drivers' window in the outage (the refusal keeps the default, 30 s)
+OUTAGE_S = 20.0
 REFUSAL_S = 12.0
 
 
 @dataclass
 class OwnRedisServer(ServerProcess):
     redis_url: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "REDIS_URL": self.redis_url}
+        return {**super().env(), "REDIS_URL": self.redis_url, **self.extra_env}
 
 
 def _through(
-    fault: Callable[[], None], own_redis: OwnRedis, tmp_path: Path, job_id: str
+    fault: Callable[[], None],
+    own_redis: OwnRedis,
+    tmp_path: Path,
+    job_id: str,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
-    """Run the PV job connected through ``own_redis``, call ``fault`` once a checkpoint has
-    completed; the job must end with exit 0 and output equal to a failure-free run's.
-    Returns what ``sparkpoint run`` said, the job, and its exception history."""
-    server = OwnRedisServer(tmp_path / "data", redis_url=own_redis.url)
+    """Run the PV job connected through ``own_redis`` (with ``extra_env``), call ``fault``
+    once a checkpoint has completed; the job must end with exit 0 and output equal to a
+    failure-free run's. Returns what ``sparkpoint run`` said, the job, and its exception
+    history."""
+    server = OwnRedisServer(
+        tmp_path / "data", redis_url=own_redis.url, extra_env=dict(extra_env or {})
+    )
     server.data_dir.mkdir()
     server.start()
     events = 3 * EVENTS  # 24 s of input: the job is reading when the fault comes
@@ -80,7 +90,8 @@ def test_a_connected_job_outlives_its_redis_down_longer_than_a_driver_retries(
         time.sleep(OUTAGE_S)  # the outage itself: longer than a driver retries Redis
         own_redis.start()
 
-    said, final, entries = _through(outage, own_redis, tmp_path, "outage")
+    window = {"SPARKPOINT_REDIS_RETRY_WINDOW": str(RETRY_WINDOW_S)}
+    said, final, entries = _through(outage, own_redis, tmp_path, "outage", window)
 
     assert "sparkpoint run: driver of job outage died (lost the control plane's Redis: " in said
     assert (final["state"], final["attempt"]) == ("FINISHED", 2), final

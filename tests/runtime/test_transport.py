@@ -12,6 +12,7 @@ from redis._parsers.base import BaseParser as _RespParser
 from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.redis_retry import RETRY_WINDOW_ENV, retry_window_s
 from sparkpoint.transport import (
     COMMANDS_GROUP,
     FIELD,
@@ -166,6 +167,34 @@ def test_a_publish_retries_with_backoff_then_names_the_url_and_stream(streams: S
     assert waits[:5] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6])
     assert max(waits) == 2.0
     assert sum(waits) == pytest.approx(30.0)
+
+
+def test_the_retry_window_is_set_by_the_environment(
+    streams: Streams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SPARKPOINT_REDIS_RETRY_WINDOW``: a Redis whose failover takes longer than 30 s is
+    waited out by setting it higher (here lower, to keep the test short)."""
+    monkeypatch.setenv(RETRY_WINDOW_ENV, "4.5")
+    clock = ManualClock()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.advance(seconds * 1000)
+
+    sink = RedisEventSink(
+        redis_client(f"redis://127.0.0.1:{_closed_port()}/0"), streams, clock=clock, sleep=sleep
+    )
+    with pytest.raises(RedisUnreachableError, match=r"over 4\.5 s"):
+        sink.publish([_heartbeat(1)])
+    assert sum(waits) == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "soon", "inf", "nan"])
+def test_a_malformed_retry_window_is_a_configuration_error_naming_it(raw: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{RETRY_WINDOW_ENV} must be .* got '{raw}'"):
+        retry_window_s({RETRY_WINDOW_ENV: raw})
+    assert retry_window_s({}) == retry_window_s({RETRY_WINDOW_ENV: " "}) == 30.0
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "redis://127.0.0.1:port/0", "x"])

@@ -10,6 +10,7 @@ import redis
 
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.options import JobOptions
+from sparkpoint.redis_retry import retry_window_s
 from sparkpoint.runtime.driver_lease import RUN_ID_ENV, DriverLease, lease_key, lease_ttl_ms
 from sparkpoint.runtime.heartbeats import (
     HEARTBEAT_INTERVAL_MS,
@@ -49,7 +50,8 @@ class ControlPlaneLink:
         main thread's events and the heartbeats are two senders, each numbered in order.
 
         Raises:
-            ConfigurationError: no Redis URL, or a malformed one; no job key.
+            ConfigurationError: no Redis URL, or a malformed one; no job key; a malformed
+                heartbeat interval or Redis retry window.
         """
         if not options.redis_url:
             raise ConfigurationError(
@@ -57,6 +59,7 @@ class ControlPlaneLink:
                 "start `sparkpoint server`, set REDIS_URL or --redis-url, or use --standalone"
             )
         interval_ms = heartbeat_interval_ms(options.job_id, os.environ)
+        retry_window_s(os.environ)  # a malformed window fails the start, not the first outage
         key = driver_job_key(options.job_id, os.environ)
         client = redis_client(options.redis_url)
         streams = Streams(options.stream_prefix)
@@ -99,12 +102,12 @@ class ControlPlaneLink:
 
     def raise_if_lost(self, err: SparkpointError, registered: bool) -> None:
         """Raise :class:`ControlPlaneLostError` for ``err`` when it is Redis that stayed
-        unavailable (past :data:`~sparkpoint.transport.RETRY_FOR_S`: down, or refusing for a
-        reason that passes, such as a full disk or a failover) once this driver had
-        registered, or in a driver that ``sparkpoint run`` started again: its next driver
-        waits for Redis in turn (each driver 30 s, then the next). Unreachable at a run's
-        first start, Redis stays an error (exit 1): a wrong ``--redis-url`` is not retried
-        for ever; so does a refusal of the request itself (a wrong password, no permission),
+        unavailable (past its retry window, :func:`~sparkpoint.redis_retry.retry_window_s`:
+        down, or refusing for a reason that passes, such as a full disk or a failover) once
+        this driver had registered, or in a driver that ``sparkpoint run`` started again: its
+        next driver waits for Redis in turn (each driver a window, then the next). Unreachable
+        at a run's first start, Redis stays an error (exit 1): a wrong ``--redis-url`` is not
+        retried for ever; so does a refusal of the request itself (a wrong password, no permission),
         which no wait mends."""
         if isinstance(err, RedisUnreachableError) and (registered or self.previous_failure):
             raise ControlPlaneLostError(

@@ -45,7 +45,8 @@ import redis
 
 from sparkpoint.clock import Clock, SystemClock
 from sparkpoint.errors import SparkpointError
-from sparkpoint.transport import RETRY_FOR_S, retrying
+from sparkpoint.redis_retry import retry_window_s
+from sparkpoint.transport import retrying
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class DriverLease:
         deadline_ms = max(timeout_ms, self.ttl_ms + 1000)
         said_at: float | None = None
         while not stop():
-            holder = self.try_take(retry_for_s=RETRY_FOR_S)
+            holder = self.try_take(retry_for_s=retry_window_s())
             if holder is None:
                 if stop():
                     self.release()
