@@ -243,6 +243,9 @@ class CheckpointDeclined(_Model):
     operator_id: Name
     subtask: Index
     reason: Text
+    #: The snapshot was taken but its asynchronous part (writing it to the checkpoint
+    #: storage) failed: Flink's ``CHECKPOINT_ASYNC_EXCEPTION``, not a refusal of the subtask.
+    asynchronous: bool = False
 
 
 class CheckpointCompleted(_Model):

@@ -242,7 +242,12 @@ class ScriptedControlPlane:
                 self._complete(result.completed)
         elif isinstance(event, p.CheckpointDeclined):
             failed = coordinator.decline(
-                env.attempt, event.checkpoint_id, event.operator_id, event.subtask, event.reason
+                env.attempt,
+                event.checkpoint_id,
+                event.operator_id,
+                event.subtask,
+                event.reason,
+                asynchronous=event.asynchronous,
             )
             if failed is not None:
                 self.send(p.NotifyCheckpointAborted(checkpoint_id=failed.checkpoint_id, reason="x"))

@@ -122,6 +122,9 @@ def test_a_snapshot_that_cannot_be_written_fails_its_checkpoint_and_the_job_goes
     # Where: the operator must know which file system refused (a full disk's error names none).
     assert str(tmp_path / "tolerated" / "chk" / "pv-tolerated" / "chk-3") in aborted.reason
     assert "Error" in aborted.reason  # the file system's error, by name
+    # A snapshot taken but not written is the asynchronous part's failure, not a refusal.
+    declined = [e for e in result.events.of_type(p.CheckpointDeclined) if e.checkpoint_id == 3]
+    assert declined and all(d.asynchronous for d in declined), declined
     completed = [e.checkpoint_id for e in result.events.of_type(CheckpointCompleted)]
     assert BLOCKED not in completed and max(completed) > BLOCKED
     assert not sink.blocker.exists()  # discarded with the failed checkpoint

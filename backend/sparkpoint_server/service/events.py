@@ -270,7 +270,12 @@ class EventApplier:
             declined_reason=ev.reason,
         )
         failed = rt.coordinator.decline(
-            env.attempt, ev.checkpoint_id, ev.operator_id, ev.subtask, ev.reason
+            env.attempt,
+            ev.checkpoint_id,
+            ev.operator_id,
+            ev.subtask,
+            ev.reason,
+            asynchronous=ev.asynchronous,
         )
         if failed is not None:
             d.handle_failed(batch, rt, [failed])

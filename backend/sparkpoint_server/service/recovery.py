@@ -229,7 +229,10 @@ def _completed(row: Checkpoint, acks: Acks) -> CompletedCheckpoint:
 
 def _failed(row: Checkpoint) -> FailedCheckpoint:
     reason = CheckpointFailureReason(row.failure_reason or "CHECKPOINT_EXPIRED")
-    declined = reason is CheckpointFailureReason.CHECKPOINT_DECLINED
+    declined = reason in (
+        CheckpointFailureReason.CHECKPOINT_DECLINED,
+        CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
+    )
     return FailedCheckpoint(
         checkpoint_id=row.checkpoint_id,
         kind=p.CheckpointKind(row.kind),

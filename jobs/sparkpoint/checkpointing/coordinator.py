@@ -246,9 +246,17 @@ class CheckpointCoordinator:
         return AckResult(completed=self._complete(pending))
 
     def decline(
-        self, attempt: int, checkpoint_id: int, operator_id: str, subtask: int, reason: str
+        self,
+        attempt: int,
+        checkpoint_id: int,
+        operator_id: str,
+        subtask: int,
+        reason: str,
+        *,
+        asynchronous: bool = False,
     ) -> FailedCheckpoint | None:
-        """Fail (``CHECKPOINT_DECLINED``) a checkpoint a subtask declined; None if not pending.
+        """Fail a checkpoint a subtask declined (``CHECKPOINT_DECLINED``) or could not write
+        (``asynchronous``: Flink's ``CHECKPOINT_ASYNC_EXCEPTION``); None if not pending.
 
         Raises:
             StaleAttemptError: when ``attempt`` is older than the current one.
@@ -260,7 +268,8 @@ class CheckpointCoordinator:
         if pending is None:
             return None
         message = f"{self._name(checkpoint_id)} declined by {operator_id}[{subtask}]: {reason}"
-        return self._fail(pending, Reason.CHECKPOINT_DECLINED, message, by=key)
+        why = Reason.CHECKPOINT_ASYNC_EXCEPTION if asynchronous else Reason.CHECKPOINT_DECLINED
+        return self._fail(pending, why, message, by=key)
 
     # ------------------------------------------------------------------------- timers, aborts
 

@@ -299,7 +299,12 @@ class InProcessAuthority(Authority):
 
     def on_decline(self, attempt: int, decline: p.CheckpointDeclined) -> None:
         failed = self.coordinator.decline(
-            attempt, decline.checkpoint_id, decline.operator_id, decline.subtask, decline.reason
+            attempt,
+            decline.checkpoint_id,
+            decline.operator_id,
+            decline.subtask,
+            decline.reason,
+            asynchronous=decline.asynchronous,
         )
         self.handle_failed([failed] if failed else [])
 

@@ -232,6 +232,7 @@ class SubtaskCheckpointer:
         handles: list[p.StateHandleModel] = []
         async_ms = 0.0
         decline = f.decline
+        asynchronous = False
         if f.upload is not None:
             try:
                 handles = f.upload.result()
@@ -256,10 +257,15 @@ class SubtaskCheckpointer:
                 decline = (
                     f"its snapshot could not be written to {dest}: {type(err).__name__}: {err}"
                 )
+                asynchronous = True
         if decline is not None:
             self.report.declines.append(
                 p.CheckpointDeclined(
-                    checkpoint_id=cid, operator_id=self.uid, subtask=self.subtask, reason=decline
+                    checkpoint_id=cid,
+                    operator_id=self.uid,
+                    subtask=self.subtask,
+                    reason=decline,
+                    asynchronous=asynchronous,
                 )
             )
             return

@@ -8,6 +8,7 @@ import pytest
 
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.checkpointing.coordinator import AckResult, CheckpointCoordinator
+from sparkpoint.checkpointing.failure_manager import counts_against_tolerance
 from sparkpoint.checkpointing.pending import CheckpointFailureReason as Reason
 from sparkpoint.checkpointing.pending import CheckpointTriggerError, FailedCheckpoint
 from sparkpoint.clock import ManualClock
@@ -176,6 +177,17 @@ def test_decline_fails_the_checkpoint_and_keeps_the_acks() -> None:
     assert list(failed.acks) == [("src", 0)]
     assert coord.pending == {}
     assert coord.decline(1, 1, "pv", 0, "again") is None
+
+
+def test_a_snapshot_that_could_not_be_written_fails_as_an_asynchronous_exception() -> None:
+    """Flink's ``CHECKPOINT_ASYNC_EXCEPTION``: it names the subtask and counts against the
+    tolerable failures as a decline does."""
+    coord, _ = make()
+    coord.trigger()
+    failed = coord.decline(1, 1, "pv", 1, "its snapshot could not be written", asynchronous=True)
+    assert failed is not None and failed.declined_by == ("pv", 1)
+    assert failed.reason is Reason.CHECKPOINT_ASYNC_EXCEPTION
+    assert counts_against_tolerance(failed)
 
 
 def test_abort_all_returns_every_pending_oldest_first() -> None:

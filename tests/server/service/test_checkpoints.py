@@ -188,6 +188,21 @@ def test_decline_fails_the_checkpoint_with_the_reason(harness: Harness) -> None:
     assert "pv[1]" in (row.failure_message or "") and "1 MiB" in (row.failure_message or "")
 
 
+def test_a_snapshot_that_could_not_be_written_fails_with_the_asynchronous_reason(
+    harness: Harness,
+) -> None:
+    harness.start(tolerable_failures=3)
+    cid = harness.trigger_periodic()
+    why = "its snapshot could not be written to file:///chk/j/chk-1: OSError: disk full"
+    declined = p.CheckpointDeclined(
+        checkpoint_id=cid, operator_id="pv", subtask=1, reason=why, asynchronous=True
+    )
+    harness.send(1, declined)
+    row = _row(harness, cid)
+    assert (row.status, row.failure_reason) == ("FAILED", "CHECKPOINT_ASYNC_EXCEPTION")
+    assert row.failure_message is not None and why in row.failure_message
+
+
 def test_stale_attempt_events_are_refused_and_counted(harness: Harness) -> None:
     harness.start(restart_strategy=RESTART_AFTER_1_S)
     cid = harness.trigger_periodic()
