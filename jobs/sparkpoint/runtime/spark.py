@@ -29,6 +29,7 @@ from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.graph import JobGraph, SourceVertex, Vertex
 from sparkpoint.protocol_types import MAX_EXECUTORS
 from sparkpoint.runtime.failover import attributed, chain, failed_subtask, suppresses_restarts
+from sparkpoint.runtime.long_epochs import LongEpochWatch
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.spark_failures import crashed_subtask, executor_lost_cause, failure_cause
 from sparkpoint.runtime.tasks import TaskInfo, run_keyed_task, run_source_task
@@ -433,7 +434,8 @@ class SparkEpochRunner:
                 rdds[vertex.uid] = self._vertex_rdd(plan, vertex, rdds)
             tails = [rdds[v.uid] for v in graph.all_vertices() if graph.downstream(v.uid) is None]
             rdd = tails[0] if len(tails) == 1 else self.sc.union(tails)
-            reports = list(rdd.collect())
+            with LongEpochWatch(self.sc, group, desc, self._chain):
+                reports = list(rdd.collect())
             lost = before - self._executor_ids()
         except Exception as err:
             failed = failed_subtask(err) or self._crashed_subtask(group, err)
