@@ -18,7 +18,8 @@ from typing import TypeVar
 import redis
 
 from sparkpoint.clock import Clock, SystemClock
-from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.env_settings import positive_seconds
+from sparkpoint.errors import SparkpointError
 from sparkpoint.redis_connection import client_url
 
 log = logging.getLogger(__name__)
@@ -66,18 +67,8 @@ def retry_window_s(environ: Mapping[str, str] = os.environ) -> float:
     Raises:
         ConfigurationError: the variable is not a positive number of seconds.
     """
-    raw = environ.get(RETRY_WINDOW_ENV, "").strip()
-    if not raw:
-        return RETRY_FOR_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ConfigurationError(
-            f"{RETRY_WINDOW_ENV} must be a positive number of seconds, got {raw!r}"
-        )
-    return seconds
+    seconds = positive_seconds(environ, RETRY_WINDOW_ENV)
+    return RETRY_FOR_S if seconds is None else seconds
 
 
 def _unavailable(err: redis.RedisError) -> str | None:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from sparkpoint import protocol as p
 from sparkpoint.clock import Clock
-from sparkpoint.errors import ConfigurationError, SparkpointError
+from sparkpoint.env_settings import positive_seconds
+from sparkpoint.errors import SparkpointError
 from sparkpoint.transport import RedisEventSink
 
 if TYPE_CHECKING:
@@ -41,18 +42,9 @@ def heartbeat_interval_ms(job_id: str, environ: Mapping[str, str]) -> int:
     Raises:
         ConfigurationError: the variable is not a positive number of seconds.
     """
-    raw = environ.get(HEARTBEAT_INTERVAL_ENV, "").strip()
-    if not raw:
+    seconds = positive_seconds(environ, HEARTBEAT_INTERVAL_ENV, f"job {job_id}: ")
+    if seconds is None:
         return HEARTBEAT_INTERVAL_MS
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ConfigurationError(
-            f"job {job_id}: {HEARTBEAT_INTERVAL_ENV} must be a positive number of seconds, "
-            f"got {raw!r}"
-        )
     return max(1, round(seconds * 1000))
 
 
