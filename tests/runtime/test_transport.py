@@ -145,8 +145,8 @@ def test_open_skips_commands_meant_for_an_earlier_driver_process(
     assert [m.entry_id for m in second.read()] == [new]
 
 
-def test_a_publish_retries_with_backoff_then_names_the_url_and_stream(streams: Streams) -> None:
-    port = _closed_port()
+def _unreachable_sink(streams: Streams, port: int) -> tuple[RedisEventSink, list[float]]:
+    """A sink to a closed port, on a manual clock that its waits (returned) advance."""
     clock = ManualClock()
     waits: list[float] = []
 
@@ -154,9 +154,13 @@ def test_a_publish_retries_with_backoff_then_names_the_url_and_stream(streams: S
         waits.append(seconds)
         clock.advance(seconds * 1000)
 
-    sink = RedisEventSink(
-        redis_client(f"redis://127.0.0.1:{port}/0"), streams, clock=clock, sleep=sleep
-    )
+    client = redis_client(f"redis://127.0.0.1:{port}/0")
+    return RedisEventSink(client, streams, clock=clock, sleep=sleep), waits
+
+
+def test_a_publish_retries_with_backoff_then_names_the_url_and_stream(streams: Streams) -> None:
+    port = _closed_port()
+    sink, waits = _unreachable_sink(streams, port)
 
     with pytest.raises(TransportError) as caught:
         sink.publish([_heartbeat(1)])
@@ -175,16 +179,7 @@ def test_the_retry_window_is_set_by_the_environment(
     """``SPARKPOINT_REDIS_RETRY_WINDOW``: a Redis whose failover takes longer than 30 s is
     waited out by setting it higher (here lower, to keep the test short)."""
     monkeypatch.setenv(RETRY_WINDOW_ENV, "4.5")
-    clock = ManualClock()
-    waits: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        clock.advance(seconds * 1000)
-
-    sink = RedisEventSink(
-        redis_client(f"redis://127.0.0.1:{_closed_port()}/0"), streams, clock=clock, sleep=sleep
-    )
+    sink, waits = _unreachable_sink(streams, _closed_port())
     with pytest.raises(RedisUnreachableError, match=r"over 4\.5 s"):
         sink.publish([_heartbeat(1)])
     assert sum(waits) == pytest.approx(4.5)
