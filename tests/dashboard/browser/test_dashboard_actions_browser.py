@@ -258,13 +258,18 @@ def test_the_restore_choice_stays_while_the_retained_set_changes_and_says_when_i
         "the page to take the answer that was on its way",
         lambda: page.driver.execute_script("return window.answerTaken"),
     )
-    _, label, note = page.dropdown_state(ids.ACT_RESTORE_SELECT, ids.ACT_RESTORE_NOTE)
-    assert (label, note) == (chosen, ""), "the answer on its way undid the choice"
-    # What Restore would send is the choice shown (not only a label left on screen).
-    page.by_id(ids.ACT_RESTORE).click()
-    assert page.dismiss().startswith(f"Restore job {job.id} from checkpoint {checkpoint_id}, ")
-
     gone = f"#{checkpoint_id} checkpoint{GONE}"
+    _, label, note = page.dropdown_state(ids.ACT_RESTORE_SELECT, ids.ACT_RESTORE_NOTE)
+    # On a loaded machine five newer checkpoints can complete before the page took that
+    # answer: the choice then stands marked gone, which is not undoing it either.
+    assert (label, note) == (chosen, "") or (label == gone and note), (
+        f"the answer on its way undid the choice: {label!r} ({note!r})"
+    )
+    if label == chosen:
+        # What Restore would send is the choice shown (not only a label left on screen).
+        page.by_id(ids.ACT_RESTORE).click()
+        confirm = page.dismiss()
+        assert confirm.startswith(f"Restore job {job.id} from checkpoint {checkpoint_id}, ")
 
     def subsumed() -> bool:
         """One look at the dropdown: the choice as made (no note) while it is retained, then
