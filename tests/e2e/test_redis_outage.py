@@ -34,7 +34,7 @@ pytestmark = pytest.mark.spark
 
 RETRY_WINDOW_S = 8  # the drivers' window in the outage (the refusal keeps the default, 30 s)
 OUTAGE_S = 20.0
-REFUSAL_S = 12.0
+REFUSAL_S = 6.0
 
 
 @dataclass
