@@ -21,7 +21,7 @@ When the faults stop the job must finish by itself, and then:
 - no process of the run is left behind.
 
 ``SPARKPOINT_CHAOS_SECONDS`` sets how long faults come (default 60, the bounded form that
-``make test-slow`` runs; ``make chaos`` runs 300), ``SPARKPOINT_CHAOS_SEED`` the schedule,
+``make test-long`` runs; ``make chaos`` runs 300), ``SPARKPOINT_CHAOS_SEED`` the schedule,
 ``SPARKPOINT_CHAOS_KINDS`` (comma-separated) which faults come, ``SPARKPOINT_CHAOS_MODES``
 (comma-separated, ``two-processes`` and ``one-process``) which server modes run: the default
 mode alone in the bounded form (each run is ~150 s of CI); ``make chaos`` runs both. A report
@@ -64,7 +64,12 @@ if unknown_modes := sorted(set(MODES) - {"two-processes", "one-process"}):
 REPORT = Path(os.environ.get("SPARKPOINT_CHAOS_REPORT", ROOT / ".sparkpoint/chaos/report.md"))
 APPS, RATE = 10, 1_000
 
-pytestmark = [pytest.mark.chaos, pytest.mark.spark, pytest.mark.timeout(SECONDS + 900)]
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.long,
+    pytest.mark.spark,
+    pytest.mark.timeout(SECONDS + 900),
+]
 
 
 @dataclass

@@ -23,7 +23,7 @@ from ..support.waiting import wait_for
 from .control_plane import ServerProcess, completed_checkpoints
 from .test_origin_failover import _finished, _pv
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # make test-long, not CI
 
 
 def test_a_second_driver_of_a_running_job_is_refused_and_the_job_runs_on(

@@ -32,7 +32,7 @@ from ..runtime.pv_harness import APPS, EVENTS, expected_every_lines
 from ..support.waiting import wait_for
 from .control_plane import REDIS_URL, ROOT, ServerProcess, completed_checkpoints, first_job
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # make test-long, not CI
 
 
 def _pv(

@@ -24,7 +24,7 @@ from ..runtime.pv_harness import expected_every_lines
 from ..support.waiting import wait_for
 from .control_plane import ROOT
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # make test-long, not CI
 
 
 def _pv(tmp_path: Path, *extra: str) -> list[str]:
