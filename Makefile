@@ -38,8 +38,9 @@ test-slow: $(VENV)/.installed
 	$(PY) -m pytest -m "slow and not spark_matrix and not long" -n $(SLOW_TEST_WORKERS) --dist loadscope
 
 # The modules of several minutes each (marker `long`: the origin failovers, the one-driver
-# and Spark supervisor scenarios, the bounded chaos run): ~16 min of test time that kept CI
-# past 30 minutes on a loaded machine, so they run here and not in CI.
+# and Spark supervisor scenarios, Redis outages, `sparkpoint run` recoveries, the standalone
+# cluster, the bounded chaos run): ~25 min of test time that kept CI past 30 minutes on a
+# loaded machine, so they run here and not in CI.
 test-long: $(VENV)/.installed
 	$(PY) -m pytest -m "long and not spark_matrix" -n $(SLOW_TEST_WORKERS) --dist loadscope
 

@@ -32,7 +32,7 @@ from ..runtime.pv_harness import expected_every_lines
 from .standalone import HOST, StandaloneCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # make test-long, not CI
 EVENTS, RATE = 3_000, 300.0  # 10 s of paced source
 RUN_TIMEOUT_S = 240.0
 LOST = re.compile(r"executor (\d+) on 127\.0\.0\.1 lost: ")

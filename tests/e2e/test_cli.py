@@ -15,7 +15,7 @@ from sparkpoint.testing import line_counts
 from ..runtime.pv_harness import expected_every_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # make test-long, not CI
 
 
 def _sparkpoint(*args: str) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ from ..support.waiting import wait_for
 from .control_plane import ServerProcess, completed_checkpoints
 from .test_origin_failover import _pv
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # make test-long, not CI
 
 RETRY_WINDOW_S = 8  # the drivers' window in the outage (the refusal keeps the default, 30 s)
 OUTAGE_S = 20.0
