@@ -16,17 +16,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from fastapi import FastAPI
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from sparkpoint.clock import Clock, SystemClock
+from sparkpoint.errors import ConfigurationError
 from sparkpoint.failure_streak import FailureStreak
 from sparkpoint.transport import Streams, client_url, redis_client
 from sparkpoint_server import gc_pauses
 from sparkpoint_server.api import install_api
 from sparkpoint_server.config import Settings
 from sparkpoint_server.engine_process import EngineRunner
+from sparkpoint_server.errors import StartupError
 from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
 from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis
@@ -57,8 +61,29 @@ class Runner:
     _threads: list[threading.Thread] = field(default_factory=list)
     _engine: Any = None
 
+    @property
+    def started(self) -> bool:
+        return self.control_plane is not None
+
     def start(self, *, background: bool = True) -> None:
-        """Steps (1)-(4) of the module docstring."""
+        """Steps (1)-(4) of the module docstring; what had started is stopped when one fails.
+
+        Raises:
+            StartupError: Redis or the database cannot be used (a bad URL, not reachable,
+                refusing): the message names which, where and why.
+        """
+        try:
+            self._start(background)
+        except BaseException as err:
+            self.stop()
+            self.control_plane = None
+            database = self.settings.database_url or self.settings.effective_database_url
+            cause = _startup_cause(err, self.redis_url, database)
+            if cause is None:
+                raise
+            raise StartupError(cause) from err
+
+    def _start(self, background: bool) -> None:
         s = self.settings
         self.streams = Streams(prefix=s.stream_prefix)
         # Step 1
@@ -140,13 +165,29 @@ class Runner:
             self.embedded.stop()
 
 
+def _startup_cause(err: BaseException, redis_url: str, database_url: str) -> str | None:
+    """Why the control plane cannot start, in one line, when ``err`` is a reason of Redis or
+    the database (None: another error, left as it is)."""
+    if isinstance(err, ConfigurationError):  # a malformed REDIS_URL: the message says so
+        return str(err)
+    if isinstance(err, redis.RedisError):
+        where = client_url(redis_client(redis_url)) if redis_url else "the embedded Redis"
+        return f"cannot use Redis at {where}: {err}"
+    if isinstance(err, SQLAlchemyError):
+        why = " ".join(str(getattr(err, "orig", None) or err).split())
+        where = make_url(database_url).render_as_string(hide_password=True)
+        return f"cannot use the database at {where}: {why}"
+    return None
+
+
 def create_app(settings: Settings, *, runner: Runner | EngineRunner | None = None) -> FastAPI:
     """The FastAPI application of the control plane (started by its lifespan)."""
     runner = runner or Runner(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runner.start()
+        if not runner.started:  # `sparkpoint server` starts it first, to tell a failure in a line
+            runner.start()
         assert runner.control_plane is not None
         app.state.control_plane = runner.control_plane
         app.state.session_factory = runner.control_plane.sessions

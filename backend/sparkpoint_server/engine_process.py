@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from typing import Any
 from sparkpoint.signing import job_key, load_or_create_secret
 from sparkpoint_server import gc_pauses
 from sparkpoint_server.config import Settings
-from sparkpoint_server.errors import ControlPlaneError
+from sparkpoint_server.errors import ControlPlaneError, StartupError
 from sparkpoint_server.storage.db import create_db_engine, session_factory
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,9 @@ def engine_main(settings: Settings, ready: Connection, authkey: bytes, parent: i
     runner = Runner(settings)
     try:
         runner.start()
+    except StartupError as err:  # Redis or the database: the API process tells it in a line
+        ready.send(("failed", str(err)))
+        sys.exit(1)
     except BaseException as err:
         ready.send(("failed", f"{type(err).__name__}: {err}"))
         raise
@@ -266,6 +270,10 @@ class EngineRunner:
         self._stopping = threading.Event()
         self._up = threading.Event()  # an engine answers (not between a death and its restart)
 
+    @property
+    def started(self) -> bool:
+        return self.control_plane is not None
+
     def engine_up(self) -> bool:
         """Whether an engine is running and ready (``GET /healthz``)."""
         return self._up.is_set()
@@ -274,8 +282,9 @@ class EngineRunner:
         """Start the engine and wait until it is ready.
 
         Raises:
-            RuntimeError: the engine failed to start (its error), died or did not get ready
-                within :data:`START_TIMEOUT_S`.
+            StartupError: the engine failed to start (its error: Redis or the database cannot
+                be used, or another, whose traceback the engine printed).
+            RuntimeError: the engine died or did not get ready within :data:`START_TIMEOUT_S`.
         """
         address, authkey = self._spawn()
         self._calls = calls = _Calls(address, authkey)
@@ -309,7 +318,8 @@ class EngineRunner:
                 f"the engine exited while starting (exit code {process.exitcode})"
             ) from None
         if message[0] != "ready":
-            raise RuntimeError(f"the engine failed to start: {message[1]}")
+            process.join(5)
+            raise StartupError(message[1])
         _, address, self.redis_url = message
         log.info("engine process %d ready", process.pid)
         return address, authkey
@@ -348,8 +358,11 @@ class EngineRunner:
                 return
             try:
                 self._calls.retarget(*self._spawn())
-            except Exception:
-                log.exception("starting the engine again failed")
+            except Exception as err:
+                if isinstance(err, StartupError):
+                    log.error("starting the engine again failed: %s", err)
+                else:
+                    log.exception("starting the engine again failed")
                 if self._process is not None and self._process.is_alive():
                     self._process.kill()
                     self._process.join(5)

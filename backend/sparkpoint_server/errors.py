@@ -53,6 +53,11 @@ class SettingsError(ControlPlaneError):
     """The control plane's settings (environment) are invalid."""
 
 
+class StartupError(ControlPlaneError):
+    """The control plane cannot start: Redis or its database cannot be used (the message
+    names which, where, without a password, and why)."""
+
+
 class StorageUnavailableError(ControlPlaneError):
     """Checkpoint storage failed or did not answer within ``SPARKPOINT_STORAGE_TIMEOUT``; the
     message names the path and the cause."""

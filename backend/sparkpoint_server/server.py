@@ -10,11 +10,11 @@ import sys
 
 import uvicorn
 
-from sparkpoint_server.app import create_app
+from sparkpoint_server.app import Runner, create_app
 from sparkpoint_server.config import Settings, load_settings
 from sparkpoint_server.data_dir_lock import DataDirectoryInUseError, DataDirectoryLock
 from sparkpoint_server.engine_process import MAX_RESTARTS, RESTART_WINDOW_S, EngineRunner
-from sparkpoint_server.errors import SettingsError
+from sparkpoint_server.errors import SettingsError, StartupError
 
 TOKEN_FILE = "api-token"
 #: The shortest API token the server accepts (from ``SPARKPOINT_API_TOKEN`` or the token file):
@@ -112,8 +112,7 @@ def _serve_locked(host: str, port: int, given: Settings) -> int:
         flush=True,
     )
     if not settings.api_process:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
-        return 0
+        return _run(host, port, settings, Runner(settings))
 
     def on_engine_exit(code: int | None) -> None:
         print(
@@ -124,6 +123,16 @@ def _serve_locked(host: str, port: int, given: Settings) -> int:
         )
         os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts the API down, then ends by it
 
-    runner = EngineRunner(settings, on_engine_exit)
+    return _run(host, port, settings, EngineRunner(settings, on_engine_exit))
+
+
+def _run(host: str, port: int, settings: Settings, runner: Runner | EngineRunner) -> int:
+    """Start the control plane, then serve the API until interrupted (1: it could not start,
+    told in one line)."""
+    try:
+        runner.start()
+    except StartupError as err:
+        print(f"sparkpoint server: cannot start: {err}", file=sys.stderr)
+        return 1
     uvicorn.run(create_app(settings, runner=runner), host=host, port=port, log_level="info")
     return 0
