@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sparkpoint.redis_retry import RETRY_FOR_S
 from sparkpoint_server.errors import SettingsError
 
 
@@ -33,6 +34,10 @@ class Settings(BaseSettings):
     dead_letter_maxlen: int = Field(default=100_000, ge=100, le=100_000_000)
     stream_trim_interval: float = Field(default=1.0, gt=0, le=3600)
     command_stream_grace: float = Field(default=300.0, ge=0, le=86_400 * 30)
+    # Seconds the control plane keeps the commands Redis does not take (down, failing over)
+    # before it gives them up (service/batch.py); the drivers of `sparkpoint run` read the
+    # same variable, SPARKPOINT_REDIS_RETRY_WINDOW, for how long they wait an outage out.
+    redis_retry_window: float = Field(default=RETRY_FOR_S, gt=0, le=86_400)
     tick_ms: int = Field(default=50, ge=5, le=10_000)  # timers: triggers, timeouts, restarts
     default_history: int = Field(default=100, ge=1, le=10_000)
     # Flink's heartbeat.timeout, in seconds: a connected job whose driver sent no heartbeat
@@ -97,6 +102,8 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise SettingsError(f"invalid setting {where}: {first['msg']}") from err
+        # The variable the user set: a field's alias (REDIS_URL) as it is, else SPARKPOINT_*.
+        variable = where if where.isupper() else f"SPARKPOINT_{where.upper()}"
+        raise SettingsError(f"invalid setting {variable}: {first['msg']}") from err
     os.makedirs(settings.data_dir, exist_ok=True)
     return settings

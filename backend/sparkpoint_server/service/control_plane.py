@@ -100,7 +100,9 @@ class ControlPlane:
         secret = load_or_create_secret(settings.data_dir)
         self.key_of = functools.lru_cache(maxsize=4096)(lambda job_id: job_key(secret, job_id))
         self.signer = Signer(self.key_of, f"cp-{uuid.uuid4().hex}")
-        self.sender = CommandSender(client, self.streams, self.signer)
+        self.sender = CommandSender(
+            client, self.streams, self.signer, retry_for_s=settings.redis_retry_window
+        )
         # Completions whose ``_metadata`` is written finish here, one unit at a time.
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkpoint-finish")
         self.checkpoint_dir = str(settings.checkpoint_dir)

@@ -248,7 +248,7 @@ def test_the_heartbeat_timeout_setting_is_validated(
     value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     monkeypatch.setenv("SPARKPOINT_HEARTBEAT_TIMEOUT", value)
-    with pytest.raises(SettingsError, match="heartbeat_timeout"):
+    with pytest.raises(SettingsError, match="SPARKPOINT_HEARTBEAT_TIMEOUT"):
         load_settings(data_dir=str(tmp_path))
     monkeypatch.setenv("SPARKPOINT_HEARTBEAT_TIMEOUT", "7.5")
     assert load_settings(data_dir=str(tmp_path)).heartbeat_timeout_ms == 7500

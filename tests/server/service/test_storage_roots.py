@@ -161,7 +161,7 @@ def test_a_start_checkpoint_naming_state_outside_the_roots_is_refused(
     ],
 )
 def test_roots_no_job_can_use_are_refused_at_start(harness: Harness, roots: str, why: str) -> None:
-    with pytest.raises(SettingsError, match=f"storage_roots: .*{why}"):
+    with pytest.raises(SettingsError, match=f"SPARKPOINT_STORAGE_ROOTS: .*{why}"):
         load_settings(data_dir=str(harness.tmp / "data"), storage_roots=roots)
 
 
