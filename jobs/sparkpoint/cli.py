@@ -7,6 +7,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ def _drive(job: str, job_args: Sequence[str]) -> int:
     """Run the job file as its driver; map how it ended to the exit codes of
     :mod:`sparkpoint.supervisor`."""
     from sparkpoint.runtime.authority import JobCanceledError
+    from sparkpoint.runtime.driver import JobDriver
     from sparkpoint.runtime.spark import SparkLostError, spark_lost
     from sparkpoint.transport import ControlPlaneLostError
 
@@ -69,10 +71,34 @@ def _drive(job: str, job_args: Sequence[str]) -> int:
     except Exception as err:
         # A Py4J error that escaped the runtime's checks (the job's own Spark calls, ...).
         lost = spark_lost(err) if "pyspark" in sys.modules else None
-        if lost is None:
-            raise
-        return _driver_lost(f"lost the driver's Spark: {lost}")
+        if lost is not None:
+            return _driver_lost(f"lost the driver's Spark: {lost}")
+        print(f"sparkpoint run: the job file {job} raised {type(err).__name__}:", file=sys.stderr)
+        _print_from_job(err, job)
+        return EXIT_FAILED
+    if JobDriver.runs == 0:
+        print(
+            f"sparkpoint run: {job} ran no job: a job file builds its pipeline on a "
+            "StreamExecutionEnvironment and calls env.execute(...)",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID_CONFIGURATION
     return 0
+
+
+def _print_from_job(err: Exception, job: str) -> None:
+    """The traceback of ``err`` from the job file's first frame on (the frames of
+    ``sparkpoint run`` before it are noise to the job's author); the error alone when the
+    job file has no frame in it (it does not compile)."""
+    path = os.path.abspath(job)
+    tb = err.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != path:
+        tb = tb.tb_next
+    if tb is None:
+        lines = traceback.format_exception_only(err)
+    else:
+        lines = traceback.format_exception(type(err), err, tb)
+    print("".join(lines), end="", file=sys.stderr)
 
 
 def _driver_lost(cause: str) -> int:

@@ -71,3 +71,56 @@ def test_a_misspelled_product_option_fails_with_a_suggestion(tmp_path: Path) -> 
     _assert_one_line_exit_2(
         proc, "unknown option --checkpoint-intervall; did you mean --checkpoint-interval?"
     )
+
+
+def _run_file(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    """``sparkpoint run`` of a job file of ``source`` (standalone)."""
+    job = tmp_path / "job.py"
+    job.write_text(source)
+    exe = Path(sys.executable).with_name("sparkpoint")
+    return subprocess.run(
+        [str(exe), "run", str(job), "--standalone"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+def test_a_job_file_that_does_not_compile_is_shown_where_without_sparkpoint_frames(
+    tmp_path: Path,
+) -> None:
+    proc = _run_file(tmp_path, "def build(:\n")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == (
+        f"sparkpoint run: the job file {tmp_path / 'job.py'} raised SyntaxError:\n"
+        f'  File "{tmp_path / "job.py"}", line 1\n'
+        "    def build(:\n"
+        "              ^\n"
+        "SyntaxError: invalid syntax\n"
+    )
+
+
+def test_an_error_of_the_job_file_shows_its_traceback_from_the_job_file_on(
+    tmp_path: Path,
+) -> None:
+    proc = _run_file(tmp_path, "def build():\n    raise ValueError('no such topic')\n\nbuild()\n")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[:3] == [
+        f"sparkpoint run: the job file {tmp_path / 'job.py'} raised ValueError:",
+        "Traceback (most recent call last):",
+        f'  File "{tmp_path / "job.py"}", line 4, in <module>',
+    ], proc.stderr
+    assert lines[-1] == "ValueError: no such topic"
+    assert "sparkpoint/cli.py" not in proc.stderr and "runpy" not in proc.stderr
+
+
+def test_a_job_file_that_runs_no_job_says_so(tmp_path: Path) -> None:
+    proc = _run_file(tmp_path, "from sparkpoint import StreamExecutionEnvironment\n")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"sparkpoint run: {tmp_path / 'job.py'} ran no job: a job file builds its pipeline on "
+        "a StreamExecutionEnvironment and calls env.execute(...)\n"
+    )

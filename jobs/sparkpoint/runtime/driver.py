@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparkpoint import protocol as p
 from sparkpoint.checkpointing.restart import RestartStrategy, restart_strategy_from_config
@@ -92,6 +92,9 @@ class JobResult:
 
 class JobDriver:
     """Runs one job graph to its end: bounded input, a stop, a cancel, or a failure for good."""
+
+    #: How many runs this process started (``sparkpoint run`` tells a job file that ran none).
+    runs: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -181,6 +184,7 @@ class JobDriver:
             JobCanceledError: a signal canceled the job.
             SparkLostError: this process's Spark is gone; a new driver process can go on.
         """
+        JobDriver.runs += 1
         started = self.clock.monotonic_ms()
         job = self.job
         try:
