@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 
 import uvicorn
@@ -127,12 +129,34 @@ def _serve_locked(host: str, port: int, given: Settings) -> int:
 
 
 def _run(host: str, port: int, settings: Settings, runner: Runner | EngineRunner) -> int:
-    """Start the control plane, then serve the API until interrupted (1: it could not start,
-    told in one line)."""
+    """Take the port, start the control plane, then serve the API until interrupted (1: the
+    port is taken or the control plane could not start, told in one line)."""
     try:
-        runner.start()
-    except StartupError as err:
-        print(f"sparkpoint server: cannot start: {err}", file=sys.stderr)
+        sock = _listen(host, port)
+    except OSError as err:
+        print(f"sparkpoint server: cannot listen on {host}:{port}: {err}", file=sys.stderr)
         return 1
-    uvicorn.run(create_app(settings, runner=runner), host=host, port=port, log_level="info")
+    with sock:
+        try:
+            runner.start()
+        except StartupError as err:
+            print(f"sparkpoint server: cannot start: {err}", file=sys.stderr)
+            return 1
+        app = create_app(settings, runner=runner)
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises Ctrl-C again once down
+            uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (before anything starts, so that a port in use costs
+    no start of Redis, the database and the engine)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

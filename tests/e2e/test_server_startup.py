@@ -8,6 +8,7 @@ the real command and reads what an operator reads.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,25 @@ def test_a_server_that_cannot_use_redis_or_its_database_says_so_in_one_line(
     # when it shuts down.
     pid_file = tmp_path / "data" / "redis" / "redis.pid"
     assert not pid_file.exists(), f"the embedded Redis was left running: {pid_file.read_text()}"
+
+
+def test_a_server_whose_port_is_taken_says_so_in_one_line_before_it_starts_anything(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("sparkpoint")), "server", "--port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, "SPARKPOINT_DATA_DIR": str(tmp_path / "data")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.stderr.strip().splitlines() == [
+        f"sparkpoint server: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"
+    ]
+    assert not (tmp_path / "data" / "redis").exists()  # no embedded Redis was started
