@@ -6,15 +6,12 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 from service_harness import VERTICES, Harness
 from sqlalchemy import select
 from tests.support.ports import free_port
 
 from sparkpoint import protocol as p
 from sparkpoint.transport import ReceivedMessage, redis_client
-from sparkpoint_server.config import load_settings
-from sparkpoint_server.errors import SettingsError
 from sparkpoint_server.storage import checkpoint_stats
 from sparkpoint_server.storage.models import Checkpoint, CheckpointSubtask, Job, JobException
 
@@ -410,33 +407,6 @@ def test_commands_that_redis_does_not_take_cost_no_completion_and_no_deletion(
     assert third == second + 1 and _row(harness, third).status == "COMPLETED"
     [(_, notified)] = harness.commands()
     assert isinstance(notified, p.NotifyCheckpointComplete) and notified.checkpoint_id == third
-
-
-def test_commands_wait_for_redis_as_long_as_the_redis_retry_window_says(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``SPARKPOINT_REDIS_RETRY_WINDOW`` (the drivers' variable too) sets how long commands
-    that Redis does not take wait for it: 30 s by default, here 0.2 s."""
-    assert harness.plane.sender.retry_for_s == 30.0
-    monkeypatch.setenv("SPARKPOINT_REDIS_RETRY_WINDOW", "0.2")
-    harness.settings = load_settings(data_dir=str(harness.tmp / "data"))
-    harness.new_control_plane()
-    harness.start()
-    sender = harness.plane.sender
-    assert sender.retry_for_s == 0.2
-    sender.client = redis_client(f"redis://127.0.0.1:{free_port()}/0")  # Redis away
-    harness.tick(1000)  # the periodic trigger waits for Redis
-    assert not sender.wait_idle(0)
-    assert sender.wait_idle(10)  # given up once the window passed (the default: 30 s)
-
-
-@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
-def test_the_redis_retry_window_setting_is_validated(
-    value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("SPARKPOINT_REDIS_RETRY_WINDOW", value)
-    with pytest.raises(SettingsError, match="SPARKPOINT_REDIS_RETRY_WINDOW"):
-        load_settings(data_dir=str(tmp_path))
 
 
 def test_a_late_acknowledgement_in_the_batch_of_its_failover_loses_its_state_too(

@@ -5,12 +5,15 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from service_harness import Harness
 from sqlalchemy.orm import Session, sessionmaker
 from tests.support.own_redis import OwnRedis
+from tests.support.ports import free_port
 
 from sparkpoint import protocol as p
-from sparkpoint.transport import Streams
+from sparkpoint.transport import Streams, redis_client
+from sparkpoint_server.config import load_settings
 
 
 def test_commands_wait_for_redis_outside_the_lock_and_go_in_the_order_decided(
@@ -35,3 +38,21 @@ def test_commands_wait_for_redis_outside_the_lock_and_go_in_the_order_decided(
         got = [(type(c), c.checkpoint_id) for _, c in harness.commands()]
         assert got == [(p.TriggerCheckpoint, second), (p.NotifyCheckpointComplete, second)]
         harness.plane.close()
+
+
+def test_commands_wait_for_redis_as_long_as_the_redis_retry_window_says(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SPARKPOINT_REDIS_RETRY_WINDOW`` (the drivers' variable too) sets how long commands
+    that Redis does not take wait for it: 30 s by default, here 0.2 s."""
+    assert harness.plane.sender.retry_for_s == 30.0
+    monkeypatch.setenv("SPARKPOINT_REDIS_RETRY_WINDOW", "0.2")
+    harness.settings = load_settings(data_dir=str(harness.tmp / "data"))
+    harness.new_control_plane()
+    harness.start()
+    sender = harness.plane.sender
+    assert sender.retry_for_s == 0.2
+    sender.client = redis_client(f"redis://127.0.0.1:{free_port()}/0")  # Redis away
+    harness.tick(1000)  # the periodic trigger waits for Redis
+    assert not sender.wait_idle(0)
+    assert sender.wait_idle(10)  # given up once the window passed (the default: 30 s)
