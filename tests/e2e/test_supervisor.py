@@ -20,7 +20,8 @@ from ..support.waiting import wait_for
 from .control_plane import ROOT
 
 #: A driver that appends one line per start to ``runs`` (when, and the previous driver's
-#: failure), then acts as ``ACT`` says: die by SIGKILL, lose its Spark, or finish.
+#: failure), then acts as ``ACT`` says: die by SIGKILL, lose its Spark, or finish (a job of
+#: ten records, run in the process: a job file that runs no job is refused).
 DRIVER = """
 import os, signal, sys, time
 from pathlib import Path
@@ -51,6 +52,15 @@ if act == "stubborn":
     (state / "pid").write_text(str(os.getpid()))
     while True:
         time.sleep(0.05)
+# finish: a job of ten records in this process (no Spark), as a driver that ran its job
+from sparkpoint import FileSink, GeneratorSource, StreamExecutionEnvironment
+from sparkpoint.options import JobOptions
+
+env = StreamExecutionEnvironment(JobOptions(job_id="fake", local_dir=str(state / "job")))
+env.from_source(GeneratorSource(events=10, apps=2, rate=0), uid="events").sink_to(
+    FileSink(str(state / "out")), uid="sink"
+)
+env.execute("fake", in_process=True)
 """
 
 
