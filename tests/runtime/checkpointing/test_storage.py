@@ -377,8 +377,10 @@ def test_discard_while_a_task_still_writes_into_the_checkpoint_never_raises(
     def upload() -> None:
         n = 0
         while not stop.is_set():
-            directory.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
+            # A discard can delete the directory at any point, even inside mkdir (it then
+            # raises FileExistsError: the directory was there, and was gone when checked).
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                directory.mkdir(parents=True, exist_ok=True)
                 (directory / f"pv-1-{n}").write_bytes(DATA)
             n += 1
 
