@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,6 +162,21 @@ def test_a_restart_option_outside_restart_strategy_is_refused() -> None:
 def test_state_options_that_do_not_go_together_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         parse_job_options(["--redis-url", "redis://127.0.0.1:1", *argv])
+
+
+def test_paths_are_made_absolute_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executors and the control plane run elsewhere: they get the driver's place."""
+    monkeypatch.chdir(tmp_path)
+    given = {"--checkpoint-dir": "rel/chk", "--from-checkpoint": "old/chk-3"}
+    given["--savepoint-on-finish"] = "sp"
+    opts, _ = parse_job_options(["--standalone", *(a for kv in given.items() for a in kv)])
+    assert opts.checkpoint_dir == str(tmp_path / "rel" / "chk")
+    assert opts.from_checkpoint == str(tmp_path / "old" / "chk-3")
+    assert opts.savepoint_on_finish == str(tmp_path / "sp")
+    urls, _ = parse_job_options(["--standalone", "--checkpoint-dir", "s3://bucket/chk"])
+    assert urls.checkpoint_dir == "s3://bucket/chk"
 
 
 def test_incremental_checkpoints_keep_one_checkpoint_in_flight() -> None:

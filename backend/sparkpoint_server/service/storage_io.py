@@ -270,8 +270,8 @@ class StorageRoots:
 
     def registration_refusal(self, config: Mapping[str, Any]) -> str | None:
         """Why a job may not register with ``config`` (None: it may): its checkpoint directory
-        contains the data directory, or it or the checkpoint it starts from is outside the
-        roots."""
+        contains the data directory, or it or the checkpoint it starts from is relative or
+        outside the roots."""
         roots = self.of_job(config)
         own, start = _named(config)
         if own is not None and self._contains_data(location_of(own)):
@@ -279,7 +279,15 @@ class StorageRoots:
                 f"checkpoint_dir {own!r} contains the control plane's data directory "
                 f"{self._data[0]} (its database and API token)"
             )
-        for name, directory in (("checkpoint_dir", own), ("from_checkpoint", start)):
+        named = (("checkpoint_dir", own), ("from_checkpoint", start))
+        for name, directory in named:
+            if directory is not None and "://" not in directory and not directory.startswith("/"):
+                return (
+                    f"{name} {directory!r} is a relative path: the control plane would read "
+                    "and write it in its own working directory, not the driver's; give an "
+                    "absolute path or a URL"
+                )
+        for name, directory in named:
             if directory is not None and not roots.contains(directory):
                 return f"{name} {directory!r} is outside the storage roots: {roots.describe()}"
         return None

@@ -86,6 +86,17 @@ def test_a_remote_checkpoint_directory_needs_a_configured_root(harness: Harness)
     assert "'memory://checkpoints' is outside the storage roots" in (cancel.cause or "")
 
 
+@pytest.mark.parametrize("field", ["checkpoint_dir", "from_checkpoint"])
+def test_a_relative_directory_is_refused_at_registration(harness: Harness, field: str) -> None:
+    """The driver's relative path, read in the control plane's own working directory, is
+    another directory: the state files and the `_metadata` would part (drivers resolve
+    their paths; this refuses one that did not)."""
+    harness.register(**{field: "rel/chk"})
+    [(_, cancel)] = harness.commands()
+    assert isinstance(cancel, p.CancelJob) and cancel.status is p.JobStatus.FAILED
+    assert f"{field} 'rel/chk' is a relative path" in (cancel.cause or "")
+
+
 def test_a_job_cannot_make_the_data_directory_a_root(harness: Harness) -> None:
     harness.register(checkpoint_dir=f"file://{harness.tmp}")
     [(_, cancel)] = harness.commands()
