@@ -33,7 +33,7 @@ from sparkpoint_server.engine_process import EngineRunner
 from sparkpoint_server.errors import StartupError
 from sparkpoint_server.ingest.command_streams import CommandStreamRetention, ended_jobs_in
 from sparkpoint_server.ingest.consumer import EventConsumer, IngestStats
-from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis
+from sparkpoint_server.ingest.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from sparkpoint_server.service.control_plane import ControlPlane
 from sparkpoint_server.storage.db import create_db_engine, migrate, session_factory
 
@@ -168,7 +168,7 @@ class Runner:
 def _startup_cause(err: BaseException, redis_url: str, database_url: str) -> str | None:
     """Why the control plane cannot start, in one line, when ``err`` is a reason of Redis or
     the database (None: another error, left as it is)."""
-    if isinstance(err, ConfigurationError):  # a malformed REDIS_URL: the message says so
+    if isinstance(err, (ConfigurationError, EmbeddedRedisError)):  # their messages say it all
         return str(err)
     if isinstance(err, redis.RedisError):
         where = client_url(redis_client(redis_url)) if redis_url else "the embedded Redis"

@@ -40,6 +40,10 @@ CASES = {
         {"REDIS_URL": f"redis://:{PASSWORD}@127.0.0.1:{{port}}/0"},
         "cannot use Redis at redis://127.0.0.1:{port}/0: Error 111 connecting",
     ),
+    "embedded redis port taken": (
+        {"SPARKPOINT_EMBEDDED_REDIS_PORT": "{taken}"},
+        "cannot start the embedded Redis: port {taken} on 127.0.0.1 is already in use",
+    ),
     "redis url malformed": (
         {"REDIS_URL": "http://example/0"},
         "invalid Redis URL 'http://example/0': Redis URL must specify one of the following schemes",
@@ -57,26 +61,30 @@ def test_a_server_that_cannot_use_redis_or_its_database_says_so_in_one_line(
     case: str, api_process: str, tmp_path: Path
 ) -> None:
     variables, said = CASES[case]
-    closed = free_port()  # nothing listens there
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")},
-        "SPARKPOINT_DATA_DIR": str(tmp_path / "data"),
-        "SPARKPOINT_API_TOKEN": TOKEN,
-        "SPARKPOINT_API_PROCESS": api_process,
-        **{k: v.format(port=closed) for k, v in variables.items()},
-    }
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("sparkpoint")), "server", "--port", str(free_port())],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = {"port": free_port(), "taken": taken.getsockname()[1]}  # port: nothing there
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")},
+            "SPARKPOINT_DATA_DIR": str(tmp_path / "data"),
+            "SPARKPOINT_API_TOKEN": TOKEN,
+            "SPARKPOINT_API_PROCESS": api_process,
+            **{k: v.format(**ports) for k, v in variables.items()},
+        }
+        server = [str(Path(sys.executable).with_name("sparkpoint")), "server"]
+        done = subprocess.run(
+            [*server, "--port", str(free_port())],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 1, (done.returncode, done.stderr)
     output = done.stdout + done.stderr
     [line] = [x for x in done.stderr.splitlines() if x.startswith("sparkpoint server:")]
-    assert line.startswith(f"sparkpoint server: cannot start: {said.format(port=closed)}"), line
+    assert line.startswith(f"sparkpoint server: cannot start: {said.format(**ports)}"), line
     assert "Traceback" not in output, output
     assert PASSWORD not in output
     # What had started was stopped: the embedded Redis (REDIS_URL unset) removes its pid file
