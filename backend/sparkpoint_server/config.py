@@ -105,5 +105,11 @@ def load_settings(**overrides: object) -> Settings:
         # The variable the user set: a field's alias (REDIS_URL) as it is, else SPARKPOINT_*.
         variable = where if where.isupper() else f"SPARKPOINT_{where.upper()}"
         raise SettingsError(f"invalid setting {variable}: {first['msg']}") from err
-    os.makedirs(settings.data_dir, exist_ok=True)
+    try:
+        os.makedirs(settings.data_dir, exist_ok=True)
+    except OSError as err:
+        raise SettingsError(
+            f"invalid setting SPARKPOINT_DATA_DIR: cannot create {settings.data_dir}: "
+            f"{err.strerror or err}"
+        ) from err
     return settings

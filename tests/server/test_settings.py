@@ -40,3 +40,11 @@ def test_a_port_out_of_range_is_refused_naming_its_variable(
     refused = r"^invalid setting SPARKPOINT_EMBEDDED_REDIS_PORT: .*65535"
     with pytest.raises(SettingsError, match=refused):
         load_settings(data_dir=str(tmp_path))
+
+
+def test_a_data_directory_that_cannot_be_created_is_named(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    blocked = tmp_path / "file" / "data"
+    refused = f"^invalid setting SPARKPOINT_DATA_DIR: cannot create {blocked}: Not a directory$"
+    with pytest.raises(SettingsError, match=refused):
+        load_settings(data_dir=str(blocked))
