@@ -101,6 +101,17 @@ def _print_from_job(err: Exception, job: str) -> None:
     print("".join(lines), end="", file=sys.stderr)
 
 
+def _port(value: str) -> int:
+    """A TCP port to listen on (argparse's type: a bad one is a usage error naming it)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, got {port}")
+    return port
+
+
 def _driver_lost(cause: str) -> int:
     """End a driver whose Spark is gone: one line on stderr and in the termination log."""
     print(f"sparkpoint run: {cause}", file=sys.stderr)
@@ -319,14 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "SPARKPOINT_API_TOKEN, SPARKPOINT_DATA_DIR)",
     )
     server.add_argument("--host", default="127.0.0.1")
-    server.add_argument("--port", type=int, default=8081)
+    server.add_argument("--port", type=_port, default=8081)
     api_help = "the control plane's REST API (default: $SPARKPOINT_API_URL or :8081)"
     dashboard = sub.add_parser(
         "dashboard",
         help="start the dashboard (settings: SPARKPOINT_API_URL, SPARKPOINT_DASHBOARD_REFRESH_MS)",
     )
     dashboard.add_argument("--host", default="127.0.0.1")
-    dashboard.add_argument("--port", type=int, default=8050)
+    dashboard.add_argument("--port", type=_port, default=8050)
     dashboard.add_argument("--api", help=api_help)
     output_help = "text (default) or json: one JSON document on stdout, errors as JSON on stderr"
     listing = sub.add_parser("list", help="list the jobs the control plane knows")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint import cli
 from tests.support.ports import free_port
 
 from .control_plane import ROOT, TOKEN
@@ -113,3 +114,19 @@ def test_a_server_whose_port_is_taken_says_so_in_one_line_before_it_starts_anyth
         f"sparkpoint server: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"
     ]
     assert not (tmp_path / "data" / "redis").exists()  # no embedded Redis was started
+
+
+@pytest.mark.parametrize("command", ["server", "dashboard"])
+@pytest.mark.parametrize(
+    ("port", "said"),
+    [("99999", "a port is between 1 and 65535, got 99999"), ("x", "not a port number: 'x'")],
+)
+def test_a_port_that_is_no_port_is_a_usage_error(
+    command: str, port: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the server failed with an OverflowError traceback, and the dashboard served
+    on a random port while it said 99999."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main([command, "--port", port])
+    assert ended.value.code == 2
+    assert f"sparkpoint {command}: error: argument --port: {said}" in capsys.readouterr().err
