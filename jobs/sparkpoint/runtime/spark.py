@@ -158,7 +158,7 @@ def spark_session(master: str, app_name: str, spark_log: str | None = None) -> A
     except Exception as err:
         lost = spark_lost(err)
         if lost is not None:
-            raise SparkLostError(f"while the SparkSession started: {lost}") from err
+            raise SparkLostError(f"while the SparkSession of {master} started: {lost}") from err
         raise
     check_session(session)
     return session
