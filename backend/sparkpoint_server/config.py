@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sparkpoint.locations import is_relative
 from sparkpoint.redis_retry import RETRY_FOR_S
 from sparkpoint_server.errors import SettingsError
 
@@ -55,7 +56,7 @@ class Settings(BaseSettings):
     @classmethod
     def _storage_roots(cls, value: str | None) -> str | None:
         for root in (r.strip() for r in (value or "").split(",")):
-            if root and not (root.startswith("/") or "://" in root):
+            if root and is_relative(root):
                 raise ValueError(f"{root!r} is neither an absolute path nor a URL")
             if root.startswith("memory://"):
                 raise ValueError(f"{root!r} is in the control plane's memory: no job can read it")

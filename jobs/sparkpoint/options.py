@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from sparkpoint.checkpointing.config import CheckpointConfig
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.limits import InvalidJobIdError, check_job_id
+from sparkpoint.locations import absolute
 from sparkpoint.option_parser import product_parser
 from sparkpoint.protocol import CheckpointingMode
 from sparkpoint.transport import default_redis_url
@@ -71,6 +72,15 @@ class JobOptions:
     quiet: bool = False
     log_format: str = "text"
     log_every: int = 10
+
+    def __post_init__(self) -> None:
+        # A plain path means the working directory of the process that made the options
+        # (the driver): its executors and the control plane, which write and read the same
+        # checkpoints, run in other directories.
+        for name in ("checkpoint_dir", "from_checkpoint", "savepoint_on_finish"):
+            value = getattr(self, name)
+            if value:  # None or empty: not given
+                object.__setattr__(self, name, absolute(value))
 
 
 def check_epoch_options(options: JobOptions) -> None:
@@ -221,20 +231,20 @@ def parse_job_options(
         job_id=ns.job_id or uuid.uuid4().hex,
         standalone=ns.standalone,
         checkpoint=checkpoint,
-        checkpoint_dir=_absolute(ns.checkpoint_dir),
+        checkpoint_dir=ns.checkpoint_dir,
         checkpoint_storage=storage,
         max_inline_state_bytes=ns.max_inline_state,
         state_backend=ns.state_backend,
         incremental=ns.incremental,
         allow_non_restored_state=ns.allow_non_restored_state,
-        savepoint_on_finish=_absolute(ns.savepoint_on_finish),
+        savepoint_on_finish=ns.savepoint_on_finish,
         parallelism=ns.parallelism,
         max_parallelism=ns.max_parallelism,
         master=ns.master,
         fail_after=ns.fail_after,
         crash_after_checkpoint=ns.crash_after_checkpoint,
         durable_working_state={"auto": None, "on": True, "off": False}[ns.durable_working_state],
-        from_checkpoint=_absolute(ns.from_checkpoint),
+        from_checkpoint=ns.from_checkpoint,
         local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), DEFAULT_LOCAL_DIR_NAME),
         epoch_target_ms=ns.epoch_target_ms,
         max_epoch_records=ns.max_epoch_records,
@@ -254,15 +264,6 @@ def parse_job_options(
     check_state_options(options)
     check_epoch_options(options)
     return options, rest
-
-
-def _absolute(path: str | None) -> str | None:
-    """A path given on the command line, made absolute against the working directory of
-    ``sparkpoint run`` (a URL stays as it is): the executors and the control plane, which
-    write and read the same checkpoints, run in other directories."""
-    if path is None or "://" in path:
-        return path
-    return os.path.abspath(path)
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -43,6 +43,7 @@ from sparkpoint.errors import (
     SparkpointError,
     error_text,
 )
+from sparkpoint.locations import absolute
 from sparkpoint.protocol import SnapshotCompleted, StateHandleModel
 from sparkpoint.savepoint_summary import (
     INLINE,
@@ -438,7 +439,7 @@ def _dispose_through(api: str, path: str) -> DisposeResult:
     client = ControlPlaneClient(api, found.token, timeout_s=60.0, unauthorized_hint=found.hint())
     try:
         # A local path as the server sees it (the CLI runs on its machine or shares the path).
-        target = path if "://" in path else os.path.abspath(path)
+        target = absolute(path)
         done = client.request("POST", "/savepoint-disposal", json={"savepoint-path": target})
     finally:
         client.close()

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from fsspec.core import split_protocol
 
+from sparkpoint.locations import is_relative
 from sparkpoint.protocol import StateHandleModel
 from sparkpoint_server.errors import InvalidRequestError, StorageUnavailableError
 
@@ -281,7 +282,7 @@ class StorageRoots:
             )
         named = (("checkpoint_dir", own), ("from_checkpoint", start))
         for name, directory in named:
-            if directory is not None and "://" not in directory and not directory.startswith("/"):
+            if directory is not None and is_relative(directory):
                 return (
                     f"{name} {directory!r} is a relative path: the control plane would read "
                     "and write it in its own working directory, not the driver's; give an "
