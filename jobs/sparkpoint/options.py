@@ -29,6 +29,12 @@ from sparkpoint.transport import default_redis_url
 #: The default ``--local-dir`` under the temporary directory. Not ``sparkpoint``: run from the
 #: temporary directory, a folder of the package's name there would shadow the package.
 DEFAULT_LOCAL_DIR_NAME = "sparkpoint-local"
+# The options that only say how a connected job reaches its control plane (dest: flag).
+CONTROL_PLANE_OPTIONS = {
+    "redis_url": "--redis-url",
+    "stream_prefix": "--stream-prefix",
+    "control_plane_timeout": "--control-plane-timeout",
+}
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,8 @@ def parse_job_options(
             raise ConfigurationError(f"--job-id: {err}") from err
     # A job asked for its help (``pv_count.py --help``) prints it, control plane or not.
     asks_for_help = any(arg in ("-h", "--help") for arg in rest)
+    if ns.standalone:
+        _check_no_control_plane_options(ns, parser)
     redis_url = None if ns.standalone or asks_for_help else _redis_url(ns)
     if ns.parallelism < 1 or ns.parallelism > ns.max_parallelism:
         raise ConfigurationError(
@@ -307,6 +315,24 @@ def _misspelled(name: str, product_options: Sequence[str]) -> str | None:
     bare_options = {f[2:]: f for f in product_options if f.startswith("--")}
     close = difflib.get_close_matches(bare, list(bare_options), n=1, cutoff=SIMILARITY_CUTOFF)
     return bare_options[close[0]] if close else None
+
+
+def _check_no_control_plane_options(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser
+) -> None:
+    """A --standalone job talks to no control plane: an option that only tells it how to
+    reach one was meant for a connected run, and is refused rather than ignored."""
+    given = [
+        flag
+        for dest, flag in CONTROL_PLANE_OPTIONS.items()
+        if getattr(ns, dest) != parser.get_default(dest)
+    ]
+    if given:
+        raise ConfigurationError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a job connected to "
+            "the control plane; a --standalone job runs without one (drop --standalone to "
+            "connect)"
+        )
 
 
 def _redis_url(ns: argparse.Namespace) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -162,6 +163,30 @@ def test_a_restart_option_outside_restart_strategy_is_refused() -> None:
 def test_state_options_that_do_not_go_together_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         parse_job_options(["--redis-url", "redis://127.0.0.1:1", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--redis-url", "redis://127.0.0.1:6379/0"],
+            "--redis-url is for a job connected to the control plane; a --standalone job "
+            "runs without one (drop --standalone to connect)",
+        ),
+        (
+            ["--stream-prefix", "other", "--control-plane-timeout", "5"],
+            "--stream-prefix, --control-plane-timeout are for a job connected",
+        ),
+    ],
+)
+def test_control_plane_options_of_a_standalone_job_are_refused(
+    argv: list[str], message: str
+) -> None:
+    """Ignoring them would run the job without the control plane its user meant it to use."""
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        parse_job_options(["--standalone", *argv])
+    # Their defaults are no choice of the user's.
+    parse_job_options(["--standalone", "--stream-prefix", "sparkpoint"])
 
 
 def test_paths_are_made_absolute_against_the_working_directory(
