@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import runpy
@@ -115,10 +116,12 @@ def _port(value: str) -> int:
 def _driver_lost(cause: str) -> int:
     """End a driver whose Spark is gone: one line on stderr and in the termination log."""
     print(f"sparkpoint run: {cause}", file=sys.stderr)
-    path = os.environ.get(TERMINATION_LOG_ENV)
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(cause + "\n")
+    fd = os.environ.get(TERMINATION_LOG_ENV)
+    if fd:  # the supervisor's unnamed file, inherited
+        with contextlib.suppress(OSError, ValueError):
+            data = (cause + "\n").encode("utf-8")
+            os.ftruncate(int(fd), 0)
+            os.pwrite(int(fd), data, 0)
     return EXIT_DRIVER_LOST
 
 

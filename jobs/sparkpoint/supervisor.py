@@ -61,6 +61,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import IO
 
 from sparkpoint.checkpointing.storage import CheckpointStorage, checkpoint_storage_from_options
 from sparkpoint.errors import (
@@ -87,8 +88,10 @@ DRIVER_EXITS = frozenset(
 SUPERVISED_ENV = "SPARKPOINT_SUPERVISED"
 #: The one-line cause of the previous driver's death, set on a restarted driver.
 PREVIOUS_FAILURE_ENV = "SPARKPOINT_PREVIOUS_DRIVER_FAILURE"
-#: A file where a driver that ends with EXIT_DRIVER_LOST writes its cause in one line.
-TERMINATION_LOG_ENV = "SPARKPOINT_TERMINATION_LOG"
+#: The descriptor of a file where a driver that ends with EXIT_DRIVER_LOST writes its cause
+#: in one line. The file has no name (unlinked when made), so nothing is left behind however
+#: the supervisor ends, SIGKILL included.
+TERMINATION_LOG_ENV = "SPARKPOINT_TERMINATION_LOG_FD"
 
 
 def exit_canceled(signum: int) -> int:
@@ -294,11 +297,12 @@ def die_with_parent(sig: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _read_termination_log(path: str) -> str | None:
+def _read_termination_log(log: IO[bytes]) -> str | None:
+    """The last line a dead driver wrote in the termination log, which is emptied for the
+    next one."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-        os.truncate(path, 0)
+        text = os.pread(log.fileno(), 1 << 16, 0).decode("utf-8", "replace").strip()
+        os.ftruncate(log.fileno(), 0)
     except OSError:
         return None
     return text.splitlines()[-1] if text else None
@@ -350,8 +354,7 @@ def supervise(
     warning = fresh_start_warning(options, job_id, before)
     if warning is not None:
         log(warning)
-    fd, termination_log = tempfile.mkstemp(prefix=f"sparkpoint-{job_id}-", suffix=".cause")
-    os.close(fd)
+    termination_log = tempfile.TemporaryFile()  # closed in the finally
     # PYTHONSAFEPATH (Python 3.11+): the current directory is not put first on the driver's
     # sys.path, where a folder named like the package (``sparkpoint/``) would shadow it as a
     # namespace package under an editable install; the driver appends it after the package
@@ -359,7 +362,7 @@ def supervise(
     env = {
         **os.environ,
         SUPERVISED_ENV: "1",
-        TERMINATION_LOG_ENV: termination_log,
+        TERMINATION_LOG_ENV: str(termination_log.fileno()),
         "PYTHONSAFEPATH": "1",
     }
     env.pop(PREVIOUS_FAILURE_ENV, None)
@@ -371,7 +374,8 @@ def supervise(
             while True:
                 # Step 2
                 cmd = [sys.executable, "-m", "sparkpoint.cli", "run", job, *driver_args]
-                rc = driver.run(cmd, env, lock) if not driver.signals else EXIT_FAILED
+                kept = (*lock, termination_log.fileno())
+                rc = driver.run(cmd, env, kept) if not driver.signals else EXIT_FAILED
                 # Step 3
                 if driver.signals:
                     return rc if rc in DRIVER_EXITS else exit_canceled(driver.signals[0])
@@ -422,4 +426,4 @@ def supervise(
                 if not driver.wait(decision.delay_ms):
                     return exit_canceled(driver.signals[0])
     finally:
-        os.unlink(termination_log)
+        termination_log.close()

@@ -70,6 +70,7 @@ def _start(
     job = tmp_path / "driver.py"
     job.write_text(DRIVER)
     (tmp_path / "runs").touch()
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     mode = ["--standalone"] if standalone else []
     # Its own --local-dir: a run's lock (run_lock.py) outlives a killed supervisor's driver.
     local = ["--local-dir", str(tmp_path / "local")]
@@ -77,7 +78,7 @@ def _start(
     return subprocess.Popen(
         [sys.executable, "-m", "sparkpoint.cli", "run", str(job), *args],
         cwd=ROOT,
-        env={**os.environ, "ACT": act},
+        env={**os.environ, "ACT": act, "TMPDIR": str(tmp_path / "tmp")},
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -162,6 +163,8 @@ def test_a_supervisor_killed_by_sigkill_leaves_no_orphan_driver(tmp_path: Path) 
     proc.kill()
     proc.wait(timeout=10)
     wait_for("the driver to cancel", lambda: not psutil.pid_exists(pid), 10, 0.05)
+    # Nor a file: the termination log has no name to leave behind.
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_second_signal_kills_the_driver_at_once(tmp_path: Path) -> None:
