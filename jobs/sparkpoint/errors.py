@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 def error_text(err: BaseException) -> str:
     """``err``'s message on one line (whitespace runs made one space), or its class's name
     when it has none."""
     return " ".join(str(err).split()) or type(err).__name__
+
+
+@contextlib.contextmanager
+def naming_file(path: str | None) -> Iterator[None]:
+    """An OSError raised inside names ``path`` when it names no file: a write to an open
+    file that fails for a full disk says only ``[Errno 28] No space left on device``, and
+    the operator must know which disk (the output's, the local directory's) filled up."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or path is None:
+            raise
+        raise OSError(err.errno, err.strerror, path) from err
 
 
 class SparkpointError(Exception):

@@ -21,6 +21,8 @@ import uuid
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from sparkpoint.errors import naming_file
+
 log = logging.getLogger(__name__)
 
 
@@ -80,7 +82,7 @@ class LocalOps(FileOps):
 
     def _write(self, path: str, raw: bytes) -> None:
         os.makedirs(posixpath.dirname(path), exist_ok=True)
-        with open(path, "wb") as out:
+        with naming_file(path), open(path, "wb") as out:
             out.write(raw)
 
     def _rename(self, source: str, target: str) -> None:
@@ -109,15 +111,13 @@ def write_local_atomically(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as fh:
+        with naming_file(tmp), open(tmp, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
-    except OSError as err:
+    except OSError:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if err.filename:
-            raise
-        raise OSError(err.errno, err.strerror, tmp) from err
+        raise
 
 
 #: Times a local tree is deleted again when a file came or went meanwhile.

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sparkpoint.connectors.json_lines import ascii_json_lines
-from sparkpoint.errors import CheckpointError, ConfigurationError
+from sparkpoint.errors import CheckpointError, ConfigurationError, naming_file
 from sparkpoint.protocol import SinkTransactionModel
 from sparkpoint.records import Batch, Column, DictColumn
 
@@ -243,19 +243,25 @@ class _FileSinkWriter(SinkWriter):
         if self._fh is None:
             c = self._ctx
             self._part = f".{self._txn.transaction_id}.e{c.epoch}-t{c.task_attempt}.inprogress"
-            self._fh = open(os.path.join(self._sink.directory, self._part), "w", encoding="utf-8")
+            self._fh = open(self._path(), "w", encoding="utf-8")
         text = self._sink.formatter(batch)
-        self._fh.write(text)
+        with naming_file(self._path()):
+            self._fh.write(text)
         self._txn.records += len(batch)
         self._txn.bytes += len(text)
 
+    def _path(self) -> str:
+        assert self._part is not None
+        return os.path.join(self._sink.directory, self._part)
+
     def _close_part(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
             assert self._part is not None
+            with naming_file(self._path()):
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+            self._fh = None
             self._txn.parts.append(self._part)
             self._part = None
 

@@ -31,7 +31,7 @@ from sparkpoint.connectors.sinks import (
     format_json_lines,
 )
 from sparkpoint.connectors.sources import Source
-from sparkpoint.errors import ConfigurationError
+from sparkpoint.errors import ConfigurationError, naming_file
 from sparkpoint.protocol import SinkTransactionModel
 from sparkpoint.records import Batch
 from sparkpoint.redis_connection import shared_client
@@ -178,19 +178,23 @@ class _AppendWriter(SinkWriter):
         if not len(batch):
             return
         if self._fh is None:
-            path = self._sink.path(self._ctx.uid, self._ctx.subtask)
-            self._fh = open(path, "a", encoding="utf-8")
+            self._fh = open(self._path(), "a", encoding="utf-8")
         text = self._sink.formatter(batch)
-        self._fh.write(text)
+        with naming_file(self._path()):
+            self._fh.write(text)
         self._txn.records += len(batch)
         self._txn.bytes += len(text)
 
     def _sync(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+            with naming_file(self._path()):
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
             self._fh = None
+
+    def _path(self) -> str:
+        return self._sink.path(self._ctx.uid, self._ctx.subtask)
 
     def pre_commit(self, checkpoint_id: int) -> SinkTransactionModel:
         self._sync()

@@ -41,7 +41,7 @@ from sparkpoint.connectors.sinks import (
     transaction_id,
     written_by,
 )
-from sparkpoint.errors import CheckpointError, ConfigurationError
+from sparkpoint.errors import CheckpointError, ConfigurationError, naming_file
 from sparkpoint.protocol import SinkTransactionModel
 from sparkpoint.records import Batch
 
@@ -137,7 +137,7 @@ class WriteAheadSink(TwoPhaseCommitSink):
         """Write the commit position durably (a new file renamed over the old one)."""
         directory = os.path.join(self.wal_directory, COMMITTED_DIR)
         tmp = os.path.join(directory, f".{subtask}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with naming_file(tmp), open(tmp, "w", encoding="utf-8") as fh:
             fh.write(" ".join(map(str, position)) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -198,18 +198,21 @@ class _WalWriter(SinkWriter):
             self._part = f".{self._txn.transaction_id}.e{c.epoch}-t{c.task_attempt}{WAL_SUFFIX}"
             self._fh = open(self._sink.part_path(self._part), "w", encoding="utf-8")
         text = format_json_lines(batch)
-        self._fh.write(text)
+        assert self._part is not None
+        with naming_file(self._sink.part_path(self._part)):
+            self._fh.write(text)
         self._txn.records += len(batch)
         self._txn.bytes += len(text)
 
     def _close_part(self) -> None:
         if self._fh is None:
             return
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        self._fh = None
         assert self._part is not None
+        with naming_file(self._sink.part_path(self._part)):
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+        self._fh = None
         self._txn.parts.append(self._part)
         self._part = None
 
@@ -255,7 +258,7 @@ class JsonLinesWriteAheadSink(WriteAheadSink):
         if not records:
             return
         text = "".join(json.dumps(r) + "\n" for r in records).encode()
-        with open(self.path, "a+b") as fh:
+        with naming_file(self.path), open(self.path, "a+b") as fh:
             _cut_partial_line(fh)
             fh.write(text)
             fh.flush()

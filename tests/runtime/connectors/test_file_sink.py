@@ -74,3 +74,19 @@ def test_columnar_json_lines_match_json_dumps() -> None:
     assert format_json_lines(batch) == (
         '{"app_id": "a\\"b", "pv": 1, "ok": true}\n{"app_id": "c", "pv": 20, "ok": false}\n'
     )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_names_the_part_file_it_could_not_write(tmp_path: Path) -> None:
+    """``[Errno 28] No space left on device`` alone does not say which disk is full."""
+    sink = FileSink(str(tmp_path))
+    sink.writer(_ctx(), None).write(Batch.of_rows([{"a": 1}]))
+    (part,) = uncommitted_files(str(tmp_path))
+    (tmp_path / part).unlink()
+    (tmp_path / part).symlink_to("/dev/full")  # every write there fails with ENOSPC
+    writer = sink.writer(_ctx(), None)  # the same transaction's part, written again
+    writer.write(Batch.of_rows([{"a": 1}]))
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        writer.pre_commit(1)
+    assert failed.value.filename == str(tmp_path / part)
+    assert str(tmp_path / part) in str(failed.value)
