@@ -6,7 +6,8 @@ reported; a savepoint completes at a location that exists; a restore to an earli
 completes and the job continues to the end; the committed output is exactly what that restore
 implies: every line of a failure-free run once, plus, per app, the counts between the restored
 checkpoint and the last checkpoint committed before the restore a second time (sinks cannot
-un-commit).
+un-commit). The job runs in another directory than the server, with a relative checkpoint
+directory: its checkpoints are whole in the job's directory.
 """
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ def test_pv_job_checkpoints_savepoint_and_restore_through_the_control_plane(
         [
             str(Path(sys.executable).with_name("sparkpoint")),
             "run",
-            "jobs/examples/pv_count.py",
+            str(ROOT / "jobs/examples/pv_count.py"),
             "--redis-url",
             REDIS_URL,
             "--stream-prefix",
             server.prefix,
+            # Relative, in another directory than the server's: the driver's, made absolute.
             "--checkpoint-dir",
-            f"file://{tmp_path / 'chk'}",
+            "chk",
             "--checkpoint-interval",
             "0.5",
             "--retained",
@@ -87,7 +89,7 @@ def test_pv_job_checkpoints_savepoint_and_restore_through_the_control_plane(
             "--output",
             str(out),
         ],
-        cwd=ROOT,
+        cwd=tmp_path,
         env=server.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -144,6 +146,11 @@ def test_pv_job_checkpoints_savepoint_and_restore_through_the_control_plane(
                     and s
                 ),
             )
+            # Every checkpoint whole where the driver was: _metadata beside the state.
+            assert all(h["external_path"].startswith(f"file://{tmp_path}/chk/") for h in first)
+            metadata = Path(earliest["external_path"].removeprefix("file://")) / "_metadata"
+            assert metadata.is_file()
+            assert not (ROOT / "chk").exists()  # nothing where the server runs
             location = sp["operation"]["location"]
             assert location.startswith(f"file://{target}/")
             assert (Path(location.removeprefix("file://")) / "_metadata").is_file()
