@@ -356,7 +356,8 @@ class NotifyCheckpointAborted(_Model):
 class RestoreJob(_Model):
     """Start the given attempt from a checkpoint (``external_path`` is its ``_metadata``'s
     directory; with inline storage the acknowledgements travel in ``acks``), or from the
-    beginning when both are None. The first command a connected driver obeys."""
+    beginning when both are None. The first command a connected driver obeys. ``cause``: why
+    the job restarts (the failure, or a user's request), which the driver's console shows."""
 
     type: Literal["restore"] = "restore"
     checkpoint_id: CheckpointId | None = None
@@ -365,6 +366,7 @@ class RestoreJob(_Model):
     acks: list[SnapshotCompleted] | None = None
     new_attempt: int = Field(ge=1, le=MAX_INT)
     request_id: str | None = None
+    cause: Text | None = None
 
 
 class CancelJob(_Model):

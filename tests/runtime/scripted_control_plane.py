@@ -220,6 +220,7 @@ class ScriptedControlPlane:
                 checkpoint_id=cp.checkpoint_id if cp else None,
                 external_path=cp.external_path if cp else None,
                 acks=list(cp.acks.values()) if cp and cp.external_path is None else None,
+                cause=decision.cause,
             ),
             attempt=decision.attempt,
         )

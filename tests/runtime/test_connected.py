@@ -196,6 +196,11 @@ def test_a_failure_is_restored_by_the_control_plane_and_stale_commands_are_ignor
     assert result.restores == [restore.checkpoint_id]
     assert (result.status, result.attempt) == (p.JobStatus.FINISHED, 2)
     assert statuses(cp) == [(1, "RUNNING"), (2, "RESTARTING"), (2, "RUNNING"), (2, "FINISHED")]
+    # RESTARTING says why, as the control plane told it (the console shows it).
+    [restarting] = [
+        ev for _, ev in cp.of_type(p.JobStatusChanged) if ev.status.value == "RESTARTING"
+    ]
+    assert "injected failure in source events[1]" in (restarting.cause or "")
     # The stale commands were read and acknowledged, and changed nothing.
     group = next(
         g

@@ -71,7 +71,7 @@ def start_attempt(
         restart_checkpoint_id=pinned,  # restored by path (not the store's): nothing pinned
         updated_at=batch.now,
     )
-    rt.start_command = origins.restore_command(rt, cp, decision.attempt, request_id)
+    rt.start_command = origins.restore_command(rt, cp, decision.attempt, request_id, decision.cause)
     batch.command(rt.job_id, decision.attempt, rt.start_command)
 
 

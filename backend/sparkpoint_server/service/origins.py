@@ -155,20 +155,26 @@ def read_from_path(point: RestorePoint) -> CompletedCheckpoint:
 
 
 def restore_command(
-    rt: JobRuntime, cp: CompletedCheckpoint | None, attempt: int, request_id: str | None
+    rt: JobRuntime,
+    cp: CompletedCheckpoint | None,
+    attempt: int,
+    request_id: str | None,
+    cause: str | None = None,
 ) -> p.RestoreJob:
     """The ``restore`` that starts ``attempt`` from ``cp``; None: from the job's origin by its
-    path (a checkpoint its store does not hold), or the beginning when it has none."""
+    path (a checkpoint its store does not hold), or the beginning when it has none.
+    ``cause``: why the job restarts."""
     if cp is None:
         origin = rt.origin
         if origin is None or origin.path is None:
-            return p.RestoreJob(new_attempt=attempt, request_id=request_id)
+            return p.RestoreJob(new_attempt=attempt, request_id=request_id, cause=cause)
         return p.RestoreJob(
             new_attempt=attempt,
             checkpoint_id=origin.checkpoint_id,
             external_path=origin.path,
             savepoint_path=origin.path,
             request_id=request_id,
+            cause=cause,
         )
     inline = any(h.inline is not None for a in cp.acks.values() for h in a.handles)
     return p.RestoreJob(
@@ -178,4 +184,5 @@ def restore_command(
         savepoint_path=cp.external_path if cp.is_savepoint else None,
         acks=list(cp.acks.values()) if inline or cp.external_path is None else None,
         request_id=request_id,
+        cause=cause,
     )

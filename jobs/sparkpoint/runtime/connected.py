@@ -404,7 +404,9 @@ class ControlPlaneAuthority(Authority):
             else "the beginning"
         )
         if not fresh:
-            job.set_status(p.JobStatus.RESTARTING, f"attempt {job.attempt} restores {what}")
+            # Why, as the control plane tells it (as a standalone job's console says it).
+            why = command.cause or f"attempt {job.attempt} restores {what}"
+            job.set_status(p.JobStatus.RESTARTING, why)
 
         def restore() -> None:
             # Step 3

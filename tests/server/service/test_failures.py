@@ -56,6 +56,8 @@ def test_past_tolerable_failures_the_job_fails_over_to_the_latest_checkpoint(
     [restore] = _restores(harness)
     assert (restore.new_attempt, restore.checkpoint_id) == (2, first)
     assert restore.external_path is not None and restore.external_path.endswith(f"chk-{first}")
+    # The driver's console says why it restarts, as a standalone job's does.
+    assert (restore.cause or "").startswith("Exceeded checkpoint tolerable failure threshold.")
     with harness.sessions() as s:
         [exc] = s.scalars(select(JobException).where(JobException.job_id == harness.job_id))
     assert exc.kind == "CHECKPOINT_FAILURE" and "tolerable failure threshold" in exc.cause

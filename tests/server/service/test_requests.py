@@ -80,6 +80,7 @@ def test_restore_to_checkpoint_n_starts_a_new_attempt_and_completes(harness: Har
     request = harness.plane.restore(harness.job_id, first, None)
     [restore] = [c for _, c in harness.commands() if isinstance(c, p.RestoreJob)]
     assert (restore.new_attempt, restore.checkpoint_id, restore.request_id) == (2, first, request)
+    assert restore.cause == f"restore of checkpoint {first} requested"  # the driver says why
     assert _job(harness).status == "RESTARTING" and _op(harness, request).status == "IN_PROGRESS"
     harness.send(2, p.JobRestored(checkpoint_id=first, external_path=restore.external_path))
     harness.running(2)
