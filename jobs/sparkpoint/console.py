@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from sparkpoint import protocol as p
@@ -137,9 +137,18 @@ def size_text(size: int) -> str:
 class ConsoleEventSink(EventSink):
     """Turns the job's published events into console lines."""
 
-    def __init__(self, console: Console, *, spark_log: str | None = None) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        spark_log: str | None = None,
+        chains: Mapping[str, str] | None = None,
+    ) -> None:
+        """``chains``: each vertex's operators (``events -> parse``), which a failure of a
+        vertex that chains several names, as Flink names a task by its chain."""
         self.console = console
         self.spark_log = spark_log
+        self.chains = chains or {}
         self._running_attempt: int | None = None
 
     #: The event types that make a line (others are not even decoded).
@@ -189,7 +198,11 @@ class ConsoleEventSink(EventSink):
                 checkpoint_id=event.checkpoint_id,
             )
         elif isinstance(event, p.TaskFailed):
-            where = f" ({event.operator_id}[{event.subtask}])" if event.operator_id else ""
+            where = ""
+            if event.operator_id:
+                chain = self.chains.get(event.operator_id, event.operator_id)
+                shown = "" if chain == event.operator_id else f": {chain}"
+                where = f" ({event.operator_id}[{event.subtask}]{shown})"
             log = f" (Spark's log: {self.spark_log})" if self.spark_log else ""
             c.line(
                 "task_failed",
@@ -198,6 +211,8 @@ class ConsoleEventSink(EventSink):
                 level="error",
                 epoch=event.epoch,
                 cause=event.cause,
+                operator_id=event.operator_id,
+                subtask=event.subtask,
             )
         elif isinstance(event, p.JobRestored):
             if event.checkpoint_id is None and attempt <= 1:

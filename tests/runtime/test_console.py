@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from sparkpoint.connectors.sources import GeneratorSource
 from sparkpoint.console import Console, ConsoleEventSink
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.runtime.driver import JobDriver
+from sparkpoint.runtime.standalone_failover import JobFailedError
 
 from .pv_harness import job_options
 
@@ -111,6 +113,7 @@ def test_json_lines_carry_the_event_and_its_fields() -> None:
     assert first["job"] == "job-1" and first["duration_ms"] == 250.0
     assert (second["event"], second["level"], second["epoch"]) == ("task_failed", "error", 3)
     assert second["cause"].startswith("ValueError: bad record")
+    assert "operator_id" not in second  # a failure that names no subtask
 
 
 @pytest.mark.parametrize(("fail_after", "warned"), [(150, False), (300, True)])
@@ -139,3 +142,32 @@ def test_a_fail_after_beyond_the_first_split_is_named_as_injecting_nothing(
         if warned
         else []
     )
+
+
+def _parse(record: dict[str, object]) -> dict[str, object]:
+    if record["event_id"] == 123:
+        raise ValueError("cannot parse event 123")
+    return record
+
+
+def test_a_failure_names_the_operators_chained_in_its_subtask(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The map that raised runs in the source's subtask: the line names the chain, as Flink
+    names a task ``Source: events -> Map: parse``."""
+    options = replace(
+        job_options("chain", tmp_path, "job", epoch_records=50),
+        restart_strategy={"restart-strategy.type": "none"},
+    )
+    env = StreamExecutionEnvironment(options)
+    source = GeneratorSource(events=400, apps=5, rate=0, splits=1)
+    env.from_source(source, uid="events").map(_parse, uid="parse").sink_to(
+        FileSink(str(tmp_path / "out")), uid="sink"
+    )
+    with pytest.raises(JobFailedError):
+        JobDriver(env.graph, options, in_process=True).run()
+    [failure] = [line for line in capsys.readouterr().err.splitlines() if "ERROR: attempt" in line]
+    assert failure.startswith(
+        "sparkpoint chain: ERROR: attempt 1 failed in epoch 2 (events[0]: events -> parse -> "
+        "sink): ValueError: cannot parse event 123"
+    ), failure

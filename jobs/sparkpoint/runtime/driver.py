@@ -127,7 +127,9 @@ class JobDriver:
         self.spark_log = os.path.join(options.local_dir, "logs", f"{options.job_id}-spark.log")
         # A given session logs as it does; without Spark there is no Spark log.
         shown = None if spark is not None or in_process else self.spark_log
-        sinks: list[EventSink] = [self.memory, ConsoleEventSink(self.console, spark_log=shown)]
+        chains = {v.id: v.name for v in graph.vertices()}
+        shows = ConsoleEventSink(self.console, spark_log=shown, chains=chains)
+        sinks: list[EventSink] = [self.memory, shows]
         if events is not None:
             sinks.append(events)
         if options.events_log:
