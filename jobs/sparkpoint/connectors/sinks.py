@@ -283,6 +283,20 @@ class _FileSinkWriter(SinkWriter):
         return self._txn
 
 
+def make_directory(owner: str, path: str) -> None:
+    """Create a sink's directory (and its parents) when missing.
+
+    Raises:
+        ConfigurationError: it cannot be created (a file is in the way, no permission),
+            naming the sink and the path: a wrong ``--output``, not a bug of the job file.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        why = "a file is in the way" if isinstance(err, FileExistsError) else err.strerror
+        raise ConfigurationError(f"{owner} cannot create the directory {path}: {why}") from err
+
+
 class FileSink(TwoPhaseCommitSink):
     """Writes JSON lines into ``directory``; a transaction's parts become visible by rename.
 
@@ -308,7 +322,7 @@ class FileSink(TwoPhaseCommitSink):
             raise ConfigurationError("FileSink needs an output directory (--output)")
         self.directory = os.path.abspath(directory)
         self.formatter = formatter
-        os.makedirs(self.directory, exist_ok=True)
+        make_directory("FileSink", self.directory)
 
     def writer(self, ctx: WriterContext, open_txn: OpenTransaction | None) -> SinkWriter:
         os.makedirs(self.directory, exist_ok=True)

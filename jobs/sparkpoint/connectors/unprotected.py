@@ -29,6 +29,7 @@ from sparkpoint.connectors.sinks import (
     TwoPhaseCommitSink,
     WriterContext,
     format_json_lines,
+    make_directory,
 )
 from sparkpoint.connectors.sources import Source
 from sparkpoint.errors import ConfigurationError, naming_file
@@ -136,7 +137,7 @@ class AppendFileSink(TwoPhaseCommitSink):
             raise ConfigurationError("AppendFileSink needs a directory")
         self.directory = os.path.abspath(directory)
         self.formatter = formatter
-        os.makedirs(self.directory, exist_ok=True)
+        make_directory("AppendFileSink", self.directory)
 
     def path(self, uid: str, subtask: int) -> str:
         return os.path.join(self.directory, f"{uid}-{subtask}.jsonl")

@@ -38,6 +38,7 @@ from sparkpoint.connectors.sinks import (
     TwoPhaseCommitSink,
     WriterContext,
     format_json_lines,
+    make_directory,
     transaction_id,
     written_by,
 )
@@ -70,7 +71,7 @@ class WriteAheadSink(TwoPhaseCommitSink):
         if not wal_directory:
             raise ConfigurationError(f"{type(self).__name__} needs a write-ahead-log directory")
         self.wal_directory = os.path.abspath(wal_directory)
-        os.makedirs(os.path.join(self.wal_directory, COMMITTED_DIR), exist_ok=True)
+        make_directory(type(self).__name__, os.path.join(self.wal_directory, COMMITTED_DIR))
 
     @abc.abstractmethod
     def send_values(self, uid: str, part: str, records: list[Any]) -> None:
@@ -243,7 +244,7 @@ class JsonLinesWriteAheadSink(WriteAheadSink):
         self.path = os.path.abspath(path)
         if os.path.isdir(self.path):
             raise ConfigurationError(f"JsonLinesWriteAheadSink: {self.path} is a directory")
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        make_directory("JsonLinesWriteAheadSink", os.path.dirname(self.path))
         super().__init__(wal_directory or self.path + WAL_SUFFIX)
 
     def __repr__(self) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sparkpoint.connectors.sinks import FileSink, WriterContext, format_json_lines
-from sparkpoint.errors import CheckpointError
+from sparkpoint.errors import CheckpointError, ConfigurationError
 from sparkpoint.records import Batch
 from sparkpoint.testing import committed_lines, uncommitted_files
 
@@ -90,3 +90,17 @@ def test_a_full_disk_names_the_part_file_it_could_not_write(tmp_path: Path) -> N
         writer.pre_commit(1)
     assert failed.value.filename == str(tmp_path / part)
     assert str(tmp_path / part) in str(failed.value)
+
+
+def test_an_output_directory_a_file_is_in_the_way_of_is_a_configuration_error(
+    tmp_path: Path,
+) -> None:
+    """A wrong ``--output`` is the user's setting, not a bug of the job file: `sparkpoint run`
+    says it in one line (exit 2) instead of the job file's traceback."""
+    (tmp_path / "taken").write_text("")
+    for path, why in (("taken", "a file is in the way"), ("taken/out", "Not a directory")):
+        with pytest.raises(ConfigurationError) as refused:
+            FileSink(str(tmp_path / path))
+        assert str(refused.value) == (
+            f"FileSink cannot create the directory {tmp_path / path}: {why}"
+        )
