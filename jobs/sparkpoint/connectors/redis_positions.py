@@ -1,6 +1,7 @@
 """Positions in a Redis stream: entry ids, and the anchors that tie a split's offsets to them.
 
-An anchor is stored as a member of the split's sorted set (score: its offset), e.g.
+Entries are counted by id (:func:`ids_after`). An anchor is stored as a member of the
+split's sorted set (score: its offset), e.g.
 ``120:1700000000000-3:next=1700000000000-4`` or ``120:1700000000000-3:added=512``; what a
 consumer group acknowledged, as ``1700000000000-3:next=1700000000000-4`` or
 ``1700000000000-3:added=512``.
@@ -9,9 +10,10 @@ consumer group acknowledged, as ``1700000000000-3:next=1700000000000-4`` or
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 from sparkpoint.errors import ConfigurationError
+from sparkpoint.redis_connection import shared_client
 
 ENTRY_ID_PATTERN = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_SEQ = 2**64 - 1
@@ -107,3 +109,21 @@ class Acknowledged(NamedTuple):
     @classmethod
     def parse(cls, raw: bytes | str) -> Acknowledged:
         return cls(*decode_mark(as_str(raw), "acknowledged id"))
+
+
+_SCRIPTS: dict[str, Any] = {}
+# XRANGE on the server, returning only the ids: counting moves no field over the network.
+_IDS_AFTER = """
+local page = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+local ids = {}
+for i, entry in ipairs(page) do ids[i] = entry[1] end
+return ids
+"""
+
+
+def ids_after(url: str, stream: str, start: str, end: str, count: int) -> list[bytes]:
+    """``XRANGE stream start end COUNT count``, ids only."""
+    script = _SCRIPTS.get(url)
+    if script is None:
+        script = _SCRIPTS[url] = shared_client(url).register_script(_IDS_AFTER)
+    return cast("list[bytes]", script(keys=[stream], args=[start, end, count]))

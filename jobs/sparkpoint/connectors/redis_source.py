@@ -39,8 +39,9 @@ source is unbounded and the job runs until it is stopped.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, cast
 
 import redis
@@ -52,9 +53,10 @@ from sparkpoint.connectors.redis_positions import (
     EntryId,
     as_str,
     format_entry_id,
+    ids_after,
     parse_entry_id,
 )
-from sparkpoint.connectors.sources import Source
+from sparkpoint.connectors.sources import Source, SourceUnavailableError
 from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.records import Batch
 from sparkpoint.redis_connection import shared_client
@@ -64,26 +66,10 @@ from sparkpoint.redis_connection import shared_client
 SCAN_LIMIT = 200_000
 #: Entry ids fetched per round trip while counting.
 SCAN_PAGE = 10_000
-_SCRIPTS: dict[str, Any] = {}
-# XRANGE on the server, returning only the ids: counting moves no field over the network.
-_IDS_AFTER = """
-local page = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
-local ids = {}
-for i, entry in ipairs(page) do ids[i] = entry[1] end
-return ids
-"""
 
 
 class RedisSourceError(SparkpointError):
     """The stream no longer holds entries that a position of the source needs."""
-
-
-def _ids_after(url: str, stream: str, start: str, end: str, count: int) -> list[bytes]:
-    """``XRANGE stream start end COUNT count``, ids only."""
-    script = _SCRIPTS.get(url)
-    if script is None:
-        script = _SCRIPTS[url] = shared_client(url).register_script(_IDS_AFTER)
-    return cast("list[bytes]", script(keys=[stream], args=[start, end, count]))
 
 
 class RedisStreamSource(Source):
@@ -374,7 +360,7 @@ class RedisStreamSource(Source):
         end = "+" if self.until is None else format_entry_id(self.until)
         looked = 0
         while limit is None or looked < limit:
-            ids = _ids_after(self.url, stream, f"({format_entry_id(last)}", end, SCAN_PAGE)
+            ids = ids_after(self.url, stream, f"({format_entry_id(last)}", end, SCAN_PAGE)
             count += sum(1 for entry_id in ids if self._belongs(split, entry_id))
             if ids:
                 last = parse_entry_id(as_str(ids[-1]), "entry id")
@@ -386,13 +372,30 @@ class RedisStreamSource(Source):
 
     def available(self, split: int, elapsed_s: float) -> int | None:
         """Entries of the split in the stream now (the clock plays no part)."""
-        return self._count(split, SCAN_LIMIT)
+        with self._reachable():
+            return self._count(split, SCAN_LIMIT)
 
     def total(self, split: int) -> int | None:
         """Unbounded: None. Bounded: the entries up to ``until_id``, once the stream has an
         entry at or after it (before that more may come: None)."""
         if self.until is None:
             return None
+        with self._reachable():
+            return self._total(split)
+
+    @contextlib.contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """A Redis that does not answer (down, restarting, loading its data) is a
+        :class:`SourceUnavailableError`: the driver waits for it instead of failing."""
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as err:
+            raise SourceUnavailableError(
+                f"the Redis of streams {', '.join(self.streams)} does not answer: {err}"
+            ) from err
+
+    def _total(self, split: int) -> int | None:
+        assert self.until is not None
         if split in self._totals:
             return self._totals[split]
         stream, _ = self._stream(split)
@@ -447,6 +450,10 @@ class RedisStreamSource(Source):
         just before the split's next entry), (2) per stream the lowest of its splits' ids, set
         as the group's last-delivered id if it is ahead, (3) prune anchors.
         """
+        with self._reachable():
+            self._acknowledge(positions)
+
+    def _acknowledge(self, positions: dict[str, int]) -> None:
         ids = self.split_ids()
         client = shared_client(self.url)
         self._ensure_groups()

@@ -16,9 +16,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from sparkpoint.errors import ConfigurationError
+from sparkpoint.errors import ConfigurationError, SparkpointError
 from sparkpoint.hash_grouping import mix64
 from sparkpoint.records import Batch, DictColumn
+
+
+class SourceUnavailableError(SparkpointError):
+    """A source's system (a Redis, a broker) cannot be reached now: what the driver asks of
+    it (how much it holds, an acknowledgement) waits until it answers again."""
 
 
 class Source(abc.ABC):
@@ -35,10 +40,20 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     def total(self, split: int) -> int | None:
-        """How many records split ``split`` holds, or None when unbounded."""
+        """How many records split ``split`` holds, or None when unbounded (or not known yet).
+
+        Raises:
+            SourceUnavailableError: the source's system cannot be reached now.
+        """
 
     def available(self, split: int, elapsed_s: float) -> int | None:
-        """How many records of the split exist after ``elapsed_s`` seconds (None: all)."""
+        """How many records of the split exist after ``elapsed_s`` seconds (None: all).
+
+        Raises:
+            SourceUnavailableError: the source's system cannot be reached now; the driver
+                plans nothing new of the split until it answers again (its epochs and
+                checkpoints go on), as a Flink source whose system is away reads nothing.
+        """
         return None
 
     @abc.abstractmethod
@@ -51,7 +66,12 @@ class Source(abc.ABC):
         """Checkpoint ``checkpoint_id`` completed and its sinks committed; ``positions`` are
         its offsets per split id (Flink's ``notifyCheckpointComplete``). A source that tells
         its system what was consumed (acknowledges, commits offsets) does it here and never
-        earlier; the driver calls it, the default does nothing."""
+        earlier; the driver calls it, the default does nothing.
+
+        Raises:
+            SourceUnavailableError: the source's system cannot be reached now; the next
+                completed checkpoint acknowledges what this one covers, and more.
+        """
 
 
 # Up to this many apps, a process names them all once (about 40 bytes each) and a batch takes

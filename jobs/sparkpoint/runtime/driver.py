@@ -149,6 +149,8 @@ class JobDriver:
             min_records=options.min_epoch_records,
             max_records=options.max_epoch_records,
         )
+        console = self.console
+        planner.say = lambda event, text, level: console.line(event, text, level=level)
         if failure is None and options.fail_after is not None:
             failure = FailureInjection("source", subtask=0, offset=options.fail_after)
         self.job = JobExecution(

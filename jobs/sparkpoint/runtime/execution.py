@@ -19,6 +19,7 @@ from sparkpoint.checkpointing.barriers import CheckpointBarrier
 from sparkpoint.checkpointing.storage import CheckpointStorage
 from sparkpoint.clock import Clock
 from sparkpoint.connectors.sinks import TwoPhaseCommitSink
+from sparkpoint.connectors.sources import Source, SourceUnavailableError
 from sparkpoint.console import Console
 from sparkpoint.errors import ConfigurationError, InjectedFailure
 from sparkpoint.events import EventSink
@@ -81,6 +82,7 @@ class JobExecution:
         self.spark: SparkApplication | None = None  # set once Spark is up; RUNNING reports it
         self._restored_ms: int | None = None  # when the latest restore ran; None: swept since
         self.console: Console | None = None  # what the user sees; the driver sets it
+        self._unacknowledged: set[str] = set()  # sources a completion could not be told
         # (sink uid, another output) -> the sink that commits there: transactions of another
         # job's checkpoint that this job restored.
         self._other_outputs: dict[tuple[str, str], TwoPhaseCommitSink] = {}
@@ -255,9 +257,35 @@ class JobExecution:
                 )
         positions = {split: at for ack in acks for split, at in ack.source_positions.items()}
         for vertex, own in self.graph.positions_by_source(positions):
-            vertex.source.notify_checkpoint_complete(checkpoint_id, own)
+            self._notify(vertex.uid, vertex.source, checkpoint_id, own)
         self.committed_up_to = max(self.committed_up_to, checkpoint_id)
         self._sweep_earlier_attempts()
+
+    def _notify(self, uid: str, source: Source, checkpoint_id: int, own: dict[str, int]) -> None:
+        """Tell a source that a checkpoint completed. One whose system does not answer is
+        told by the next completion (its output is committed: nothing is lost); the console
+        says so once per outage, and when it is told again."""
+        try:
+            source.notify_checkpoint_complete(checkpoint_id, own)
+        except SourceUnavailableError as err:
+            if uid not in self._unacknowledged and self.console is not None:
+                self.console.line(
+                    "source_unacknowledged",
+                    f"source {uid} was not told that checkpoint {checkpoint_id} completed: "
+                    f"{str(err).rstrip('.')}; a later completed checkpoint tells it",
+                    level="warning",
+                    checkpoint_id=checkpoint_id,
+                )
+            self._unacknowledged.add(uid)
+            return
+        if uid in self._unacknowledged:
+            self._unacknowledged.discard(uid)
+            if self.console is not None:
+                self.console.line(
+                    "source_acknowledged",
+                    f"source {uid} was told again (checkpoint {checkpoint_id} completed)",
+                    checkpoint_id=checkpoint_id,
+                )
 
     def _sink_node(self, ack: p.SnapshotCompleted, txn: p.SinkTransactionModel) -> SinkNode:
         """The sink of transaction ``txn`` in ``ack``: the one it names, else (a checkpoint

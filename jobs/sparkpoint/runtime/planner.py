@@ -10,9 +10,10 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from sparkpoint.clock import Clock
-from sparkpoint.connectors.sources import Source
+from sparkpoint.connectors.sources import Source, SourceUnavailableError
 from sparkpoint.graph import JobGraph
 from sparkpoint.records import Batch
 from sparkpoint.runtime.plan import SplitRange
@@ -154,7 +155,11 @@ class EpochPlanner:
         self.source = source
         self.clock = clock
         self.split_ids = source.split_ids()
-        self.totals = [source.total(i) for i in range(len(self.split_ids))]
+        #: Told (event, text, level) when the source stops answering and when it answers
+        #: again (the driver's console).
+        self.say: Callable[[str, str, str], None] | None = None
+        self._unanswered: set[int] = set()  # splits whose source did not answer last time
+        self.totals = [self._total(i) for i in range(len(self.split_ids))]
         self.positions = [0] * len(self.split_ids)
         self.target_ms = target_ms
         self.min_records = min_records
@@ -205,9 +210,46 @@ class EpochPlanner:
 
     def _available(self, split: int, elapsed_s: float) -> float:
         total = self.totals[split]
-        avail = self.source.available(split, elapsed_s)
+        # A source that does not answer has nothing new: its epochs read nothing of it.
+        avail = self._ask(
+            split, partial(self.source.available, split, elapsed_s), self.positions[split]
+        )
         limits = [x for x in (total, avail) if x is not None]
         return min(limits) if limits else math.inf
+
+    def _total(self, split: int) -> int | None:
+        # None: not known yet. Its answer says nothing of the source's system: a source that
+        # needs it for no total (unbounded) answers without asking.
+        return self._ask(split, partial(self.source.total, split), None, answers_again=False)
+
+    def _ask(
+        self,
+        split: int,
+        question: Callable[[], int | None],
+        unanswered: int | None,
+        *,
+        answers_again: bool = True,
+    ) -> int | None:
+        """The source's answer about ``split``, or ``unanswered`` when its system does not
+        answer. The first split that stops answering, and the last that answers again (an
+        answer that ``answers_again``), are told (:attr:`say`)."""
+        try:
+            answer = question()
+        except SourceUnavailableError as err:
+            if not self._unanswered and self.say is not None:
+                self.say(
+                    "source_unavailable",
+                    f"{str(err).rstrip('.')}; the job reads nothing of it (checkpoints go "
+                    "on) until it answers again",
+                    "warning",
+                )
+            self._unanswered.add(split)
+            return unanswered
+        if answers_again and split in self._unanswered:
+            self._unanswered.discard(split)
+            if not self._unanswered and self.say is not None:
+                self.say("source_available", "the source answers again", "info")
+        return answer
 
     def _arrivals(self, elapsed_s: float) -> float:
         """Records of all splits that exist after ``elapsed_s`` (inf: unpaced source)."""
@@ -221,9 +263,7 @@ class EpochPlanner:
         deadline = self.clock.monotonic_ms() + wait_ms
         while True:
             # A split without a total may learn it (a Redis stream reaches its --until-id).
-            self.totals = [
-                self.source.total(i) if t is None else t for i, t in enumerate(self.totals)
-            ]
+            self.totals = [self._total(i) if t is None else t for i, t in enumerate(self.totals)]
             elapsed = self._elapsed_s()
             size = self._epoch_size(self._lag(elapsed))
             ranges = []

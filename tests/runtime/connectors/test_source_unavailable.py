@@ -1,0 +1,116 @@
+"""A source whose system does not answer (a Redis down or restarting) stops no job.
+
+The driver asks a source how much it holds (``available``, ``total``) to plan each epoch, and
+tells it when a checkpoint completed (``notify_checkpoint_complete``). A Redis that went away
+for seconds used to end the job there, with a traceback and no restart. Now the planner reads
+nothing of the source while it does not answer (the job's epochs and checkpoints go on, as a
+Flink source whose system is away reads nothing), a completion that cannot be told waits for
+the next one, and the console says each once per outage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint import protocol as p
+from sparkpoint.clock import ManualClock
+from sparkpoint.connectors.redis_source import RedisStreamSource
+from sparkpoint.connectors.sinks import FileSink
+from sparkpoint.connectors.sources import SourceUnavailableError
+from sparkpoint.graph import StreamExecutionEnvironment
+from sparkpoint.runtime.driver import JobDriver
+from sparkpoint.runtime.planner import EpochPlanner, holds_records
+from sparkpoint.testing import ListSource, committed_lines
+
+from ...support.own_redis import OwnRedis
+from ..pv_harness import job_options
+
+
+def _fill(redis_server: OwnRedis, stream: str, n: int) -> None:
+    with redis_server.client() as client:
+        for i in range(n):
+            client.xadd(stream, {"n": str(i)})
+
+
+def test_a_redis_that_does_not_answer_is_a_source_unavailable_error(
+    own_redis: OwnRedis,
+) -> None:
+    _fill(own_redis, "ev", 30)
+    source = RedisStreamSource(own_redis.url, ["ev"], splits_per_stream=1, until_id="9" * 15)
+    assert source.available(0, 0.0) == 30
+    own_redis.kill()
+    for ask in (
+        lambda: source.available(0, 0.0),
+        lambda: source.total(0),
+        lambda: source.notify_checkpoint_complete(1, {source.split_ids()[0]: 10}),
+    ):
+        with pytest.raises(SourceUnavailableError, match="the Redis of streams ev does not answer"):
+            ask()
+    own_redis.start()  # its append-only file brings the stream back
+    assert source.available(0, 0.0) == 30
+
+
+def test_the_planner_reads_nothing_of_a_source_that_does_not_answer_and_says_so_once(
+    own_redis: OwnRedis,
+) -> None:
+    _fill(own_redis, "ev", 40)
+    source = RedisStreamSource(own_redis.url, ["ev"], splits_per_stream=2)
+    planner = EpochPlanner(source, ManualClock(), target_ms=1000, min_records=5, max_records=5)
+    said: list[tuple[str, str]] = []
+    planner.say = lambda event, text, level: said.append((event, level))
+    first = planner.next_ranges(wait_ms=0)
+    assert holds_records(first)
+    planner.advance(first)
+    own_redis.kill()
+    for _ in range(3):  # each epoch planned while it is down reads nothing
+        assert not holds_records(planner.next_ranges(wait_ms=0))
+    assert said == [("source_unavailable", "warning")]
+    own_redis.start()
+    again = planner.next_ranges(wait_ms=0)
+    assert [(r.start, r.end) for r in again] == [(r.end, r.end + 5) for r in first]
+    assert said == [("source_unavailable", "warning"), ("source_available", "info")]
+
+
+@dataclass(frozen=True)
+class _AwaySource(ListSource):
+    """Records from a list; its system does not answer the first ``away`` notifications."""
+
+    away: int = 0
+
+    def notify_checkpoint_complete(self, checkpoint_id: int, positions: dict[str, int]) -> None:
+        told = _TOLD.setdefault(id(self), [])
+        told.append(checkpoint_id)
+        if len(told) <= self.away:
+            raise SourceUnavailableError("the source's system does not answer")
+
+
+_TOLD: dict[int, list[int]] = {}
+
+
+def test_a_completion_a_source_cannot_be_told_waits_for_the_next_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = job_options("away", tmp_path, "job", epoch_records=10)
+    env = StreamExecutionEnvironment(options)
+    records: tuple[Any, ...] = tuple({"n": i} for i in range(100))
+    source = _AwaySource(records, splits=1, away=3)
+    env.from_source(source, uid="events").sink_to(FileSink(str(tmp_path / "out")), uid="sink")
+    result = JobDriver(env.graph, options, in_process=True).run()
+    assert result.status is p.JobStatus.FINISHED and result.restores == []
+    assert sorted(committed_lines(str(tmp_path / "out"))) == sorted(
+        f'{{"n": {i}}}' for i in range(100)
+    )
+    told = _TOLD.pop(id(source))
+    assert len(told) > 3  # the completions after the outage told it
+    lines = capsys.readouterr().err.splitlines()
+    assert [line for line in lines if "was not told" in line] == [
+        f"sparkpoint away: WARNING: source events was not told that checkpoint {told[0]} "
+        "completed: the source's system does not answer; a later completed checkpoint tells it"
+    ]
+    assert [line for line in lines if "was told again" in line] == [
+        f"sparkpoint away: source events was told again (checkpoint {told[3]} completed)"
+    ]
