@@ -61,7 +61,10 @@ def executors_note(spark: dict[str, Any] | None) -> str:
     """One line above the table: how many executors on how many hosts, or why none show."""
     listed = (spark or {}).get("executors")
     if listed is None:
-        return "Not reported: the driver has run no epoch yet, or does not list its executors."
+        return (
+            "Not reported: no epoch has completed on Spark yet (a failed one lists none), or "
+            "the driver does not list its executors."
+        )
     active = [e for e in listed if e.get("active")]
     if not listed:
         return "No executor: the job runs in the driver's own JVM (a local master)."
