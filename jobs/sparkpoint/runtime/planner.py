@@ -29,6 +29,9 @@ RATE_SMOOTHING = 0.5
 #: before the source stage ended, so a full-sized epoch kept the job from its first processed
 #: record for as long as reading it took (0.97 s of 1.10 s recovery, ``make bench-recovery``).
 FIRST_EPOCH_RECORDS = 100_000
+#: A split whose source did not answer is asked again after this long: planning an epoch
+#: asks several times, and each question to a host that drops packets waits out a timeout.
+ASK_AGAIN_MS = 1_000
 
 
 class CombinedSplits(Source):
@@ -158,7 +161,8 @@ class EpochPlanner:
         #: Told (event, text, level) when the source stops answering and when it answers
         #: again (the driver's console).
         self.say: Callable[[str, str, str], None] | None = None
-        self._unanswered: set[int] = set()  # splits whose source did not answer last time
+        # Splits whose source did not answer last time, and when to ask again (monotonic ms).
+        self._unanswered: dict[int, float] = {}
         self.totals = [self._total(i) for i in range(len(self.split_ids))]
         self.positions = [0] * len(self.split_ids)
         self.target_ms = target_ms
@@ -232,7 +236,11 @@ class EpochPlanner:
     ) -> int | None:
         """The source's answer about ``split``, or ``unanswered`` when its system does not
         answer. The first split that stops answering, and the last that answers again (an
-        answer that ``answers_again``), are told (:attr:`say`)."""
+        answer that ``answers_again``), are told (:attr:`say`); a split that did not answer
+        is asked again :data:`ASK_AGAIN_MS` later."""
+        now = self.clock.monotonic_ms()
+        if now < self._unanswered.get(split, -math.inf):
+            return unanswered
         try:
             answer = question()
         except SourceUnavailableError as err:
@@ -243,10 +251,10 @@ class EpochPlanner:
                     "on) until it answers again",
                     "warning",
                 )
-            self._unanswered.add(split)
+            self._unanswered[split] = now + ASK_AGAIN_MS
             return unanswered
         if answers_again and split in self._unanswered:
-            self._unanswered.discard(split)
+            del self._unanswered[split]
             if not self._unanswered and self.say is not None:
                 self.say("source_available", "the source answers again", "info")
         return answer

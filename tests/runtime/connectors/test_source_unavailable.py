@@ -23,7 +23,7 @@ from sparkpoint.connectors.sinks import FileSink
 from sparkpoint.connectors.sources import SourceUnavailableError
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.runtime.driver import JobDriver
-from sparkpoint.runtime.planner import EpochPlanner, holds_records
+from sparkpoint.runtime.planner import ASK_AGAIN_MS, EpochPlanner, holds_records
 from sparkpoint.testing import ListSource, committed_lines
 
 from ...support.own_redis import OwnRedis
@@ -58,21 +58,38 @@ def test_the_planner_reads_nothing_of_a_source_that_does_not_answer_and_says_so_
     own_redis: OwnRedis,
 ) -> None:
     _fill(own_redis, "ev", 40)
-    source = RedisStreamSource(own_redis.url, ["ev"], splits_per_stream=2)
-    planner = EpochPlanner(source, ManualClock(), target_ms=1000, min_records=5, max_records=5)
+    source = _Counted(own_redis.url, ["ev"], splits_per_stream=2)
+    clock = ManualClock()
+    planner = EpochPlanner(source, clock, target_ms=1000, min_records=5, max_records=5)
     said: list[tuple[str, str]] = []
     planner.say = lambda event, text, level: said.append((event, level))
     first = planner.next_ranges(wait_ms=0)
     assert holds_records(first)
     planner.advance(first)
     own_redis.kill()
+    asked = len(source.asked)
     for _ in range(3):  # each epoch planned while it is down reads nothing
         assert not holds_records(planner.next_ranges(wait_ms=0))
     assert said == [("source_unavailable", "warning")]
+    # Each split was asked once: not again before ASK_AGAIN_MS (a timeout each, maybe).
+    assert sorted(source.asked[asked:]) == [0, 1]
     own_redis.start()
+    clock.advance(ASK_AGAIN_MS)
     again = planner.next_ranges(wait_ms=0)
     assert [(r.start, r.end) for r in again] == [(r.end, r.end + 5) for r in first]
     assert said == [("source_unavailable", "warning"), ("source_available", "info")]
+
+
+class _Counted(RedisStreamSource):
+    """The Redis source, counting the driver's questions of how much a split holds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[int] = []
+
+    def available(self, split: int, elapsed_s: float) -> int | None:
+        self.asked.append(split)
+        return super().available(split, elapsed_s)
 
 
 @dataclass(frozen=True)
