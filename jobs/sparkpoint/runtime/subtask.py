@@ -246,7 +246,9 @@ class SubtaskCheckpointer:
                 # The storage's own errors in one line, anything else with its traceback.
                 dest = _destination(err, f.target)
                 log.warning(
-                    "%s[%d]: checkpoint %d declined: its snapshot could not be written to %s: %s",
+                    "job %s: %s[%d]: checkpoint %d declined: its snapshot could not be written "
+                    "to %s: %s",
+                    self.plan.job_id,
                     self.uid,
                     self.subtask,
                     cid,
