@@ -13,14 +13,14 @@ def error_text(err: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def naming_file(path: str | None) -> Iterator[None]:
+def naming_file(path: str) -> Iterator[None]:
     """An OSError raised inside names ``path`` when it names no file: a write to an open
     file that fails for a full disk says only ``[Errno 28] No space left on device``, and
     the operator must know which disk (the output's, the local directory's) filled up."""
     try:
         yield
     except OSError as err:
-        if err.filename is not None or path is None:
+        if err.filename is not None:
             raise
         raise OSError(err.errno, err.strerror, path) from err
 

@@ -38,7 +38,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 import numpy as np
 
@@ -257,10 +257,7 @@ class _FileSinkWriter(SinkWriter):
     def _close_part(self) -> None:
         if self._fh is not None:
             assert self._part is not None
-            with naming_file(self._path()):
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
+            close_durably(self._fh, self._path())
             self._fh = None
             self._txn.parts.append(self._part)
             self._part = None
@@ -281,6 +278,14 @@ class _FileSinkWriter(SinkWriter):
     def close_epoch(self) -> OpenTransaction:
         self._close_part()
         return self._txn
+
+
+def close_durably(fh: IO[Any], path: str) -> None:
+    """Flush, fsync and close a sink's open file; an OSError (a full disk) names ``path``."""
+    with naming_file(path):
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
 
 
 def make_directory(owner: str, path: str) -> None:

@@ -28,6 +28,7 @@ from sparkpoint.connectors.sinks import (
     SinkWriter,
     TwoPhaseCommitSink,
     WriterContext,
+    close_durably,
     format_json_lines,
     make_directory,
 )
@@ -188,10 +189,7 @@ class _AppendWriter(SinkWriter):
 
     def _sync(self) -> None:
         if self._fh is not None:
-            with naming_file(self._path()):
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
+            close_durably(self._fh, self._path())
             self._fh = None
 
     def _path(self) -> str:

@@ -37,6 +37,7 @@ from sparkpoint.connectors.sinks import (
     SinkWriter,
     TwoPhaseCommitSink,
     WriterContext,
+    close_durably,
     format_json_lines,
     make_directory,
     transaction_id,
@@ -209,10 +210,7 @@ class _WalWriter(SinkWriter):
         if self._fh is None:
             return
         assert self._part is not None
-        with naming_file(self._sink.part_path(self._part)):
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+        close_durably(self._fh, self._sink.part_path(self._part))
         self._fh = None
         self._txn.parts.append(self._part)
         self._part = None
