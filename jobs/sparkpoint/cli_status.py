@@ -16,6 +16,7 @@ from typing import Any
 
 from sparkpoint.checkpointing.restart import format_duration
 from sparkpoint.cli_checkpoints import duration_text, failover_text, table, time_text
+from sparkpoint.connectors.sources import unanswered_text
 from sparkpoint.console import size_text
 from sparkpoint.option_parser import seconds
 
@@ -169,13 +170,16 @@ def _liveness(job: dict[str, Any], now: int) -> list[str]:
     """The latest epoch's heartbeat and the driver's."""
     throughput, driver = job["throughput"], job.get("driver") or {}
     rate, lag = throughput.get("records-per-second"), throughput.get("source-lag")
+    unanswered = throughput.get("unanswered-splits") or []
     line = f"records read: {throughput['records']:,}"
     if not throughput.get("last-heartbeat"):
         line += "; no epoch has ended yet"
     else:
         if rate is not None:
             line += f", {rate:,.0f} records/s in the latest epoch"
-        if lag is not None:
+        if unanswered:
+            line += f", source lag unknown ({unanswered_text(unanswered)} not answer)"
+        elif lag is not None:
             line += f", source lag {lag:,.0f}"
         line += f"; latest epoch ended {_ago(now, throughput['last-heartbeat'])}"
     lines = [line]

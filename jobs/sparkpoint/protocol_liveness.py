@@ -11,12 +11,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from sparkpoint.limits import MAX_DURATION_MS
+from sparkpoint.limits import MAX_DURATION_MS, MAX_PARALLELISM
 from sparkpoint.protocol_types import (
     MAX_EXECUTORS,
     Epoch,
     ExecutorModel,
     Long,
+    Name,
     Nonce,
     ProtocolModel,
     Size,
@@ -29,8 +30,13 @@ class Heartbeat(ProtocolModel):
     records: Size
     duration_ms: float = Field(ge=0)
     records_per_second: float = Field(ge=0)
+    # Records the sources hold and the job has not read yet, counted over the splits whose
+    # source answered: those in ``unanswered_splits`` (their system did not answer when asked,
+    # Source.available) are not in it, so the lag is unknown while that list is not empty.
     source_lag: Size
     host_time: Long
+    # None: a driver that does not report them (its lag counts every split).
+    unanswered_splits: list[Name] | None = Field(default=None, max_length=MAX_PARALLELISM)
     # The application's executors after the epoch; None: a driver that does not report them.
     executors: list[ExecutorModel] | None = Field(default=None, max_length=MAX_EXECUTORS)
     # An epoch that restored keyed state (else None): its longest restore, first records' time

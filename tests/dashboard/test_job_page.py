@@ -11,6 +11,7 @@ import httpx
 from sparkpoint_dashboard import ids
 from sparkpoint_dashboard.api_client import ApiClient
 from sparkpoint_dashboard.app import build_app
+from sparkpoint_dashboard.components.job_cards import CAUSE_CHARS, checkpoints_card, job_cards
 from sparkpoint_dashboard.components.job_charts import (
     restart_marks,
     status_bands,
@@ -121,7 +122,7 @@ def texts(node: Any) -> list[str]:
 
 
 def test_the_cards_show_status_uptime_restarts_throughput_and_heartbeat() -> None:
-    cards = page.job_cards(JOB, SAMPLES)
+    cards = job_cards(JOB, SAMPLES)
     assert [texts(c) for c in cards] == [
         ["Status", "RUNNING", "since 02:22:53 UTC"],
         ["Uptime", "2 min 05 s", "started 02:21:31 UTC"],
@@ -136,18 +137,18 @@ def test_the_cards_show_status_uptime_restarts_throughput_and_heartbeat() -> Non
 
 def test_the_heartbeat_card_shows_the_drivers_liveness_beside_the_last_epoch() -> None:
     restarting = {**JOB, "driver": {"heartbeat-interval": 10_000, "last-heartbeat": T0 + 121_000}}
-    assert texts(page.job_cards(restarting, SAMPLES)[-1]) == [
+    assert texts(job_cards(restarting, SAMPLES)[-1]) == [
         "Last heartbeat",
         "4.00 s ago",
         "02:23:32 UTC · last epoch 2.00 s ago",
     ]
     no_epoch = {**restarting, "throughput": {**JOB["throughput"], "last-heartbeat": None}}
-    assert texts(page.job_cards(no_epoch, SAMPLES)[-1])[-1] == "02:23:32 UTC · no epoch yet"
+    assert texts(job_cards(no_epoch, SAMPLES)[-1])[-1] == "02:23:32 UTC · no epoch yet"
 
 
 def test_a_finished_job_shows_no_throughput_and_a_kept_total_is_used() -> None:
     finished = {**JOB, "state": "FINISHED", "throughput": {**JOB["throughput"], "records": 10**6}}
-    cards = page.job_cards(finished, SAMPLES)
+    cards = job_cards(finished, SAMPLES)
     assert texts(cards[4]) == ["Throughput", DASH, "the job is FINISHED"]
     assert texts(cards[5]) == ["Records", "1,000,000 records", "all attempts"]
 
@@ -157,11 +158,25 @@ def test_a_finished_job_shows_no_source_lag_and_its_whole_record_count() -> None
     # number in full, and no "not read yet" lag once nothing reads any more.
     throughput = {**JOB["throughput"], "records": 1_234_567, "source-lag": 900}
     for state in ("FINISHED", "CANCELED", "FAILED"):
-        cards = page.job_cards({**JOB, "state": state, "throughput": throughput}, SAMPLES)
+        cards = job_cards({**JOB, "state": state, "throughput": throughput}, SAMPLES)
         assert texts(cards[5])[1] == "1,234,567 records"
         assert texts(cards[6]) == ["Source lag", DASH, f"the job is {state}"]
-    running = page.job_cards({**JOB, "throughput": throughput}, SAMPLES)
+    running = job_cards({**JOB, "throughput": throughput}, SAMPLES)
     assert texts(running[6]) == ["Source lag", "900 records", "not read yet"]
+
+
+def test_a_lag_that_cannot_be_counted_is_unknown_and_names_the_splits_that_do_not_answer() -> None:
+    # A Redis that is down: the driver cannot count its records, so "0 records" would lie.
+    throughput = {**JOB["throughput"], "source-lag": None, "unanswered-splits": ["redis:a"]}
+    shown = job_cards({**JOB, "throughput": throughput}, SAMPLES)
+    assert texts(shown[6]) == ["Source lag", "unknown", "redis:a does not answer"]
+    throughput["unanswered-splits"] = ["redis:a", "redis:b", "redis:c", "redis:d", "redis:e"]
+    shown = job_cards({**JOB, "throughput": throughput}, SAMPLES)
+    assert texts(shown[6])[2] == "redis:a, redis:b, redis:c and 2 more splits do not answer"
+    # Its epochs leave a gap in the lag's line, not a drop to 0.
+    samples = [SAMPLES[0], {**SAMPLES[1], "source-lag": None, "unanswered-splits": ["redis:a"]}]
+    _rate, lag = throughput_figure(samples, [])["data"]
+    assert lag["y"] == [2290, None]
 
 
 def test_statuses_become_bands_until_the_next_transition_or_now() -> None:
@@ -399,7 +414,7 @@ def test_the_checkpoint_card_says_how_long_ago_the_last_one_completed() -> None:
         "latest": {"completed": done, "failed": _checkpoint(9, "FAILED")},
         "history": [done],
     }
-    card = page.checkpoints_card(answer, T0 + 125_000)
+    card = checkpoints_card(answer, T0 + 125_000)
     assert texts(card) == ["Last checkpoint", "25.0 s ago", "#11 · 11 completed"]
 
 
@@ -414,7 +429,7 @@ def test_checkpoints_failing_since_the_last_completed_show_how_many_and_why_in_r
         "latest": {"completed": done, "failed": failed[0]},
         "history": [_checkpoint(15, "IN_PROGRESS"), *failed, done],
     }
-    card = page.checkpoints_card(answer, T0 + 125_000)
+    card = checkpoints_card(answer, T0 + 125_000)
     assert texts(card) == ["Last checkpoint", "25.0 s ago", f"3 failed since #11; latest: {why}"]
     (span,) = [c for c in card._traverse() if getattr(c, "className", None) == "stat-detail-failed"]
     assert span.title == f"3 failed since #11; latest: {why}"
@@ -422,7 +437,7 @@ def test_checkpoints_failing_since_the_last_completed_show_how_many_and_why_in_r
     many = [_checkpoint(n, "FAILED", failure_message=why) for n in range(500, 400, -1)]
     assert len(many) == page.CHECKPOINTS_LIMIT
     full = {**answer, "history": many}
-    assert texts(page.checkpoints_card(full, T0 + 125_000))[2].startswith("100+ failed since #11")
+    assert texts(checkpoints_card(full, T0 + 125_000))[2].startswith("100+ failed since #11")
 
 
 def test_failed_savepoints_and_checkpoints_the_job_aborted_itself_are_no_alarm() -> None:
@@ -437,12 +452,12 @@ def test_failed_savepoints_and_checkpoints_the_job_aborted_itself_are_no_alarm()
             done,
         ],
     }
-    assert texts(page.checkpoints_card(answer, T0 + 125_000))[2] == "#11 · 11 completed"
+    assert texts(checkpoints_card(answer, T0 + 125_000))[2] == "#11 · 11 completed"
 
 
 def test_the_checkpoint_card_of_a_job_with_none_completed_or_no_answer() -> None:
     none = {"counts": {"completed": 0}, "latest": {"completed": None, "failed": None}}
-    assert texts(page.checkpoints_card(none, T0)) == [
+    assert texts(checkpoints_card(none, T0)) == [
         "Last checkpoint",
         "none yet",
         "none completed",
@@ -453,8 +468,8 @@ def test_the_checkpoint_card_of_a_job_with_none_completed_or_no_answer() -> None
         "latest": {"completed": None, "failed": _checkpoint(1, "FAILED", failure_message=long)},
         "history": [_checkpoint(1, "FAILED", failure_message=long)],
     }
-    shown = texts(page.checkpoints_card(failing, T0))
+    shown = texts(checkpoints_card(failing, T0))
     assert shown[:2] == ["Last checkpoint", "none yet"]
     assert shown[2].startswith("1 failed (none completed); latest: xxx")
-    assert len(shown[2]) == page.CAUSE_CHARS
-    assert texts(page.checkpoints_card(None, T0)) == ["Last checkpoint", DASH, "not read"]
+    assert len(shown[2]) == CAUSE_CHARS
+    assert texts(checkpoints_card(None, T0)) == ["Last checkpoint", DASH, "not read"]

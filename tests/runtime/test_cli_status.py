@@ -203,3 +203,15 @@ def test_the_job_list_shows_each_jobs_last_checkpoint_and_says_when_more_exist()
     assert job_list_lines({"jobs": [], "total": 0}, "http://cp:8081") == [
         "no jobs: the control plane at http://cp:8081 knows none"
     ]
+
+
+def test_a_lag_the_sources_could_not_count_is_unknown_and_names_their_splits() -> None:
+    throughput = {
+        "records": 10,
+        "records-per-second": 5.0,
+        "source-lag": None,
+        "unanswered-splits": ["redis:ev"],
+        "last-heartbeat": NOW - 1000,
+    }
+    lines = status_lines(_shown(state="RUNNING", throughput=throughput))
+    assert ", source lag unknown (redis:ev does not answer); latest epoch ended " in lines[2]

@@ -97,7 +97,9 @@ router.add_route("/jobs/overview", _overview_is_not_a_job, ["PATCH"], include_in
     "/jobs/{job_id}",
     summary="Job details",
     description="Flink's job detail (`jid`, `state`, `vertices`, `timestamps`...) plus the "
-    "status history, the latest heartbeat's throughput, the registered configuration and "
+    "status history, the latest heartbeat's `throughput` (`source-lag` is null while a split's "
+    "source does not answer, and `unanswered-splits` names those splits), the registered "
+    "configuration and "
     "`spark`: the `ui-url` and `application-id` of the current driver's Spark application "
     "(null until the driver reports RUNNING; `ui-url` also when the Spark UI is off) and its "
     "`executors` after the latest epoch (`id`, `host`, `cores`, `active`, and for a lost one "
@@ -145,7 +147,8 @@ def cancel_job(
     "/jobs/{job_id}/metrics/throughput",
     summary="Throughput history",
     description="The job's last `limit` heartbeats (one per accepted epoch), oldest first: "
-    "records, records per second, source lag and epoch duration.",
+    "records, records per second, source lag (null while a split's source did not answer: "
+    "`unanswered-splits`) and epoch duration.",
     response_model=None,
     responses={**answer(list[ThroughputSample], description="Oldest first."), **errors(404)},
 )

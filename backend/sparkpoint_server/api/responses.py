@@ -260,7 +260,16 @@ class ThroughputSample(BaseModel):
     epoch: int
     records: int | None
     records_per_second: float | None = Field(alias="records-per-second")
-    source_lag: float | None = Field(alias="source-lag")
+    source_lag: float | None = Field(
+        alias="source-lag",
+        description="Records the sources held and the job had not read; null while a split's "
+        "source did not answer (its records cannot be counted)",
+    )
+    unanswered_splits: list[str] = Field(
+        alias="unanswered-splits",
+        description="The splits whose source (e.g. a Redis that is down) did not answer when "
+        "the lag was counted",
+    )
     duration: float | None
 
 

@@ -297,11 +297,13 @@ class EventApplier:
             duration_ms=ev.duration_ms,
             records_per_second=ev.records_per_second,
             source_lag=ev.source_lag,
+            unanswered_splits=ev.unanswered_splits,
         )
         batch.writer.job(
             rt.job_id,
             records_per_second=ev.records_per_second,
             source_lag=ev.source_lag,
+            unanswered_splits=ev.unanswered_splits,
             last_heartbeat=env.timestamp,
         )
         if ev.restore_duration_ms is not None or ev.first_record_after_restore is not None:

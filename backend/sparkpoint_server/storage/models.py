@@ -85,6 +85,9 @@ class Job(Base):
     records: Mapped[int] = mapped_column(BigInteger, default=0)
     records_per_second: Mapped[float] = mapped_column(Float, default=0.0)
     source_lag: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The splits whose source did not answer (source_lag leaves them out, so the lag is
+    # unknown while there are any); None: a driver that does not report them.
+    unanswered_splits: Mapped[list[str] | None] = mapped_column(JSON)
     last_heartbeat: Mapped[int | None] = mapped_column(BigInteger)
     # The driver's liveness (Flink's heartbeat.timeout): the interval its registration
     # announced (None: a driver that sends no ``driver_heartbeat``, not watched) and when the
@@ -239,6 +242,7 @@ class Heartbeat(Base):
     duration_ms: Mapped[float] = mapped_column(Float)
     records_per_second: Mapped[float] = mapped_column(Float)
     source_lag: Mapped[int] = mapped_column(BigInteger)
+    unanswered_splits: Mapped[list[str] | None] = mapped_column(JSON)  # as Job's
 
 
 class EventSender(Base):

@@ -200,7 +200,7 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
         "throughput": {
             "records": records,
             "records-per-second": job.records_per_second,
-            "source-lag": job.source_lag,
+            **_lag(job.source_lag, job.unanswered_splits),
             "last-heartbeat": job.last_heartbeat,
         },
         "config": job.config,
@@ -233,6 +233,16 @@ def _guarantee(level: str | None, reason: str | None) -> dict[str, Any] | None:
     return None if level is None else {"level": level, "reason": reason}
 
 
+def _lag(source_lag: int | None, unanswered: list[str] | None) -> dict[str, Any]:
+    """A heartbeat's ``source-lag`` (null while a split's source did not answer: the driver
+    could not count its records) and those ``unanswered-splits``."""
+    unanswered = unanswered or []
+    return {
+        "source-lag": None if unanswered else source_lag,
+        "unanswered-splits": unanswered,
+    }
+
+
 def throughput(session: Session, job_id: str, limit: int) -> list[dict[str, Any]]:
     """The job's last ``limit`` heartbeats (one per accepted epoch), oldest first.
 
@@ -248,6 +258,7 @@ def throughput(session: Session, job_id: str, limit: int) -> list[dict[str, Any]
             H.records,
             H.records_per_second,
             H.source_lag,
+            H.unanswered_splits,
             H.duration_ms,
         )
         .where(H.job_id == job_id)
@@ -261,7 +272,7 @@ def throughput(session: Session, job_id: str, limit: int) -> list[dict[str, Any]
             "epoch": r.epoch,
             "records": r.records,
             "records-per-second": r.records_per_second,
-            "source-lag": r.source_lag,
+            **_lag(r.source_lag, r.unanswered_splits),
             "duration": r.duration_ms,
         }
         for r in reversed(rows)

@@ -26,6 +26,18 @@ class SourceUnavailableError(SparkpointError):
     it (how much it holds, an acknowledgement) waits until it answers again."""
 
 
+def unanswered_text(splits: list[str], shown: int = 3) -> str:
+    """The splits whose source does not answer, as a sentence's subject with its verb:
+    ``"redis:ev does"``, ``"redis:a and redis:b do"``, ``"redis:a, redis:b, redis:c and 2
+    more splits do"``: the console, ``sparkpoint status`` and the dashboard say it alike."""
+    if len(splits) == 1:
+        return f"{splits[0]} does"
+    named = splits[:shown] if len(splits) > shown else splits[:-1]
+    rest = len(splits) - len(named)
+    last = splits[-1] if rest == 1 else f"{rest} more splits"
+    return f"{', '.join(named)} and {last} do"
+
+
 class Source(abc.ABC):
     """A bounded or unbounded source made of splits read by offset ranges."""
 

@@ -230,6 +230,7 @@ class JobExecution:
                 records_per_second=records / duration_ms * 1000 if duration_ms > 0 else 0.0,
                 source_lag=self.planner.lag(),
                 host_time=self.clock.now_ms(),
+                unanswered_splits=self.planner.unanswered_splits(),
                 executors=self.executors,
                 restore_duration_ms=max((r.restore_ms or 0.0 for r in restored), default=None),
                 first_record_after_restore=min(firsts, default=None),

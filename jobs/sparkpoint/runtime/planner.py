@@ -205,6 +205,11 @@ class EpochPlanner:
         """Records that exist but were not read yet (bounded sources: all unread ones)."""
         return int(self._lag(self._elapsed_s()))
 
+    def unanswered_splits(self) -> list[str]:
+        """The ids of the splits whose source did not answer when last asked: :meth:`lag`
+        does not count them, so while there are any the job's lag is unknown."""
+        return [self.split_ids[i] for i in sorted(self._unanswered)]
+
     def _lag(self, elapsed_s: float) -> float:
         lag = 0.0
         for i, pos in enumerate(self.positions):

@@ -20,7 +20,7 @@ from sparkpoint import protocol as p
 from sparkpoint.clock import ManualClock
 from sparkpoint.connectors.redis_source import RedisStreamSource
 from sparkpoint.connectors.sinks import FileSink
-from sparkpoint.connectors.sources import SourceUnavailableError
+from sparkpoint.connectors.sources import SourceUnavailableError, unanswered_text
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.runtime.planner import ASK_AGAIN_MS, EpochPlanner, holds_records
@@ -71,6 +71,8 @@ def test_the_planner_reads_nothing_of_a_source_that_does_not_answer_and_says_so_
     for _ in range(3):  # each epoch planned while it is down reads nothing
         assert not holds_records(planner.next_ranges(wait_ms=0))
     assert said == [("source_unavailable", "warning")]
+    # Its lag is unknown, not 0: the heartbeat names the splits the lag leaves out.
+    assert planner.unanswered_splits() == ["redis:ev#0/2", "redis:ev#1/2"]
     # Each split was asked once: not again before ASK_AGAIN_MS (a timeout each, maybe).
     assert sorted(source.asked[asked:]) == [0, 1]
     own_redis.start()
@@ -78,6 +80,7 @@ def test_the_planner_reads_nothing_of_a_source_that_does_not_answer_and_says_so_
     again = planner.next_ranges(wait_ms=0)
     assert [(r.start, r.end) for r in again] == [(r.end, r.end + 5) for r in first]
     assert said == [("source_unavailable", "warning"), ("source_available", "info")]
+    assert planner.unanswered_splits() == []
 
 
 class _Counted(RedisStreamSource):
@@ -167,3 +170,11 @@ def test_a_job_through_a_source_outage_and_a_restore_commits_exactly_once(
     away = _AwaySource(records, away=2, asked_from=3, asked_for=4)
     assert _run_counts(tmp_path, "away", away, fail_after=150) == expected
     assert len(away.asked) >= 7 and len(away.told) > 2  # the outage happened, and ended
+
+
+def test_the_splits_that_do_not_answer_are_named_as_a_sentence_says_them() -> None:
+    assert unanswered_text(["redis:a"]) == "redis:a does"
+    assert unanswered_text(["redis:a", "redis:b"]) == "redis:a and redis:b do"
+    assert unanswered_text(["a", "b", "c"]) == "a, b and c do"
+    assert unanswered_text(["a", "b", "c", "d"]) == "a, b, c and d do"
+    assert unanswered_text(["a", "b", "c", "d", "e"]) == "a, b, c and 2 more splits do"

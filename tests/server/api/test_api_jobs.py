@@ -182,6 +182,7 @@ def test_job_details_have_flinks_fields_and_the_status_history(client: TestClien
             "records": 12_345,
             "records-per-second": 2_500.5,
             "source-lag": 17,
+            "unanswered-splits": [],
             "last-heartbeat": T0 + 59_000,
         },
         "config": CONFIG,
@@ -241,6 +242,7 @@ def test_throughput_is_the_last_heartbeats_oldest_first(
             "records": 300,
             "records-per-second": 300.0,
             "source-lag": 3,
+            "unanswered-splits": [],
             "duration": 1000.0,
         },
         {
@@ -250,6 +252,7 @@ def test_throughput_is_the_last_heartbeats_oldest_first(
             "records": 100,
             "records-per-second": 100.0,
             "source-lag": 1,
+            "unanswered-splits": [],
             "duration": 1000.0,
         },
     ]

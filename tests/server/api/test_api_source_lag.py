@@ -1,0 +1,54 @@
+"""A job's source lag while a source's system does not answer: the driver's heartbeat names
+the splits it could not count, and ``GET /jobs/{id}`` and its throughput history say the lag
+is unknown (null) instead of the 0 that the other splits add up to."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from service_harness import Harness
+
+from sparkpoint import protocol as p
+
+from .conftest import AppFactory
+
+
+def heartbeat(h: Harness, epoch: int, lag: int, unanswered: list[str] | None) -> None:
+    h.send(
+        1,
+        p.Heartbeat(
+            epoch=epoch,
+            records=10,
+            duration_ms=5.0,
+            records_per_second=2000.0,
+            source_lag=lag,
+            host_time=0,
+            unanswered_splits=unanswered,
+        ),
+    )
+
+
+def test_a_lag_the_driver_could_not_count_is_null_and_names_the_splits(
+    harness: Harness, make_client: AppFactory
+) -> None:
+    harness.register()
+    harness.running(1)
+    heartbeat(harness, 0, 1200, [])
+    heartbeat(harness, 1, 0, ["redis:ev#0/2", "redis:ev#1/2"])  # its Redis went down
+    client: TestClient = make_client()
+
+    throughput = client.get(f"/jobs/{harness.job_id}").json()["throughput"]
+    assert (throughput["source-lag"], throughput["unanswered-splits"]) == (
+        None,
+        ["redis:ev#0/2", "redis:ev#1/2"],
+    )
+
+    heartbeat(harness, 2, 900, None)  # a driver that does not report them: its lag counts
+    throughput = client.get(f"/jobs/{harness.job_id}").json()["throughput"]
+    assert (throughput["source-lag"], throughput["unanswered-splits"]) == (900, [])
+
+    history = client.get(f"/jobs/{harness.job_id}/metrics/throughput").json()
+    assert [(s["source-lag"], s["unanswered-splits"]) for s in history] == [
+        (1200, []),
+        (None, ["redis:ev#0/2", "redis:ev#1/2"]),
+        (900, []),
+    ]
