@@ -26,6 +26,7 @@ from sparkpoint.options import JobOptions
 from sparkpoint.runtime import driver
 from sparkpoint.runtime.plan import EpochPlan, TaskReport
 from sparkpoint.runtime.planner import (
+    CHECKPOINT_TIMEOUT_SHARE,
     FIRST_EPOCH_RECORDS,
     GROWTH,
     EpochCostModel,
@@ -66,6 +67,8 @@ def _simulate(
     rate: float = RATE,
     backlog: int = BACKLOG,
     per_record_ms: float = PER_RECORD_MS,
+    checkpoint_timeout_ms: float = math.inf,
+    said: list[str] | None = None,
 ) -> list[Epoch]:
     clock = ManualClock()
     source = GeneratorSource(events=None, rate=rate, splits=2, backlog=backlog if rate else 0)
@@ -75,8 +78,11 @@ def _simulate(
         target_ms=TARGET_MS,
         min_records=1_000,
         max_records=4_000_000,
+        checkpoint_timeout_ms=checkpoint_timeout_ms,
         sleep=lambda s: clock.advance(s * 1000),
     )
+    if said is not None:
+        planner.say = lambda event, text, level: said.append(text)
     planner.start()
     started = clock.monotonic_ms()
     out = []
@@ -116,6 +122,33 @@ def test_a_loaded_job_catches_up_where_the_old_planner_falls_behind_for_good() -
     # Settled, the new one reads what arrives (20,000/s); the old one ~1,000/s for good.
     assert _records_per_s(new[settled:]) == pytest.approx(RATE, rel=0.01)
     assert _records_per_s(old[10:]) < 1_000
+
+
+def test_catching_up_never_grows_an_epoch_past_what_the_checkpoint_timeout_allows() -> None:
+    """A job 12 M records behind its source (100 k/s; 0.3 s and 2 us a record an epoch) with
+    a 3 s checkpoint timeout: catching up used to grow epochs to 8 s, so every checkpoint
+    expired and each failover restored the same backlog. Now every epoch after the first
+    stays within CHECKPOINT_TIMEOUT_SHARE of the timeout (a checkpoint triggered during one
+    epoch rides the next), and the job still catches up."""
+    costs: dict[str, Any] = {"rate": 100_000, "backlog": 12_000_000, "per_record_ms": 0.002}
+    unbounded = _simulate(EpochPlanner, 40, 300.0, **costs)
+    assert max(e.duration_ms for e in unbounded) > 3 * 3_000
+    said: list[str] = []
+    bounded = _simulate(EpochPlanner, 80, 300.0, **costs, checkpoint_timeout_ms=3_000, said=said)
+    budget = CHECKPOINT_TIMEOUT_SHARE * 3_000
+    assert bounded[0].duration_ms <= budget  # FIRST_EPOCH_RECORDS per split
+    assert all(e.duration_ms <= budget + 1e-6 for e in bounded[1:])
+    assert max(e.duration_ms for e in bounded) > 0.9 * budget  # bounded, not shrunk
+    caught_up = next(i for i, e in enumerate(bounded) if e.lag_after_planning == 0)
+    assert caught_up < 60  # 12 M at 375 k/s of epochs, less the 100 k/s arriving: ~45 s
+    assert bounded[caught_up].planned_at_ms < 60_000
+    assert all(e.lag < 100_000 * budget / 1000 for e in bounded[caught_up + 1 :])
+    assert said == [
+        "epochs are kept within 1.2 s, 0.4 of the 3 s checkpoint timeout (a checkpoint travels "
+        "with an epoch, and one triggered while an epoch runs with the next), instead of the "
+        "400,000 records per split the job would read now; with a longer --checkpoint-timeout "
+        "epochs grow and a job catches up faster"
+    ]
 
 
 def _records_per_s(epochs: list[Epoch]) -> float:

@@ -148,6 +148,7 @@ class JobDriver:
             target_ms=options.epoch_target_ms,
             min_records=options.min_epoch_records,
             max_records=options.max_epoch_records,
+            checkpoint_timeout_ms=options.checkpoint.timeout_ms,
         )
         console = self.console
         planner.say = lambda event, text, level: console.line(event, text, level=level)

@@ -29,6 +29,12 @@ RATE_SMOOTHING = 0.5
 #: before the source stage ended, so a full-sized epoch kept the job from its first processed
 #: record for as long as reading it took (0.97 s of 1.10 s recovery, ``make bench-recovery``).
 FIRST_EPOCH_RECORDS = 100_000
+#: The longest an epoch may run, as a share of the checkpoint timeout: a barrier travels with
+#: an epoch, and a checkpoint triggered while one epoch runs is carried by the next (connected
+#: mode), so two epochs and a margin must fit in the timeout. Without this bound a job catching
+#: up grew its epochs past the timeout: every checkpoint expired, and the failover that
+#: followed restored the same backlog, over and over.
+CHECKPOINT_TIMEOUT_SHARE = 0.4
 #: A split whose source did not answer is asked again after this long: planning an epoch
 #: asks several times, and each question to a host that drops packets waits out a timeout.
 ASK_AGAIN_MS = 1_000
@@ -153,6 +159,7 @@ class EpochPlanner:
         target_ms: float,
         min_records: int,
         max_records: int,
+        checkpoint_timeout_ms: float = math.inf,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.source = source
@@ -168,6 +175,11 @@ class EpochPlanner:
         self.target_ms = target_ms
         self.min_records = min_records
         self.max_records = max_records
+        self.checkpoint_timeout_ms = checkpoint_timeout_ms
+        self._said_budget = False
+        # The first epoch's milliseconds per record, start-up included: until the cost model
+        # has an epoch, what bounds the next one by the checkpoint timeout (pessimistically).
+        self._first_ms_per_record: float | None = None
         self._first = max(min_records, min(max_records, FIRST_EPOCH_RECORDS))
         self.per_split = self._first
         # After a restore: the cap of the next epoch's size, growing by GROWTH per epoch.
@@ -296,13 +308,46 @@ class EpochPlanner:
 
     def _epoch_size(self, lag: float) -> int:
         """Records per split of the next epoch: behind (a paced source whose ``lag`` is more
-        than a caught-up epoch reads), grow toward the whole backlog; else ``per_split``."""
+        than a caught-up epoch reads), grow toward the whole backlog; else ``per_split``.
+        Never more than the cost model says runs within :data:`CHECKPOINT_TIMEOUT_SHARE` of
+        the checkpoint timeout (:meth:`_within_budget`)."""
         cap = self.max_records if self._restart_cap is None else self._restart_cap
         if self.arrival_rate is None or lag <= self.per_split * len(self.split_ids):
-            return min(self.per_split, cap)
+            return self._within_budget(min(self.per_split, cap))
         backlog = math.ceil(lag / len(self.split_ids))
         size = max(self.per_split, min(backlog, GROWTH * self._planned, self.max_records))
-        return min(size, cap)
+        return self._within_budget(min(size, cap))
+
+    def _within_budget(self, size: int) -> int:
+        """``size``, or fewer records per split when the cost model predicts that an epoch of
+        ``size`` runs longer than :data:`CHECKPOINT_TIMEOUT_SHARE` of the checkpoint timeout
+        (never fewer than ``min_records``); the first time, the console says so."""
+        budget_ms = CHECKPOINT_TIMEOUT_SHARE * self.checkpoint_timeout_ms
+        records = size * len(self.split_ids)
+        if self.cost.per_record_ms is not None:
+            if self.cost.duration_ms(records) <= budget_ms:
+                return size
+            within = self.cost.records_within(budget_ms)
+        elif self._first_ms_per_record is not None:
+            if self._first_ms_per_record * records <= budget_ms:
+                return size
+            within = budget_ms / self._first_ms_per_record
+        else:  # nothing measured yet: the first epoch is small (FIRST_EPOCH_RECORDS)
+            return size
+        within /= len(self.split_ids)
+        bounded = int(max(self.min_records, min(size, within)))
+        if not self._said_budget and self.say is not None:
+            self._said_budget = True
+            self.say(
+                "epoch_bounded",
+                f"epochs are kept within {budget_ms / 1000:g} s, {CHECKPOINT_TIMEOUT_SHARE:g} of "
+                f"the {self.checkpoint_timeout_ms / 1000:g} s checkpoint timeout (a checkpoint "
+                "travels with an epoch, and one triggered while an epoch runs with the next), "
+                f"instead of the {size:,} records per split the job would read now; with a "
+                "longer --checkpoint-timeout epochs grow and a job catches up faster",
+                "info",
+            )
+        return bounded
 
     def will_exhaust(self, ranges: list[SplitRange]) -> bool:
         """True when reading ``ranges`` reaches the end of every (bounded) split."""
@@ -360,7 +405,10 @@ class EpochPlanner:
         self._observe_arrivals()
         # Step 2
         self._observed += 1
-        if records <= 0 or duration_ms <= 0 or self._observed == 1:
+        if records <= 0 or duration_ms <= 0:
+            return
+        if self._observed == 1:
+            self._first_ms_per_record = duration_ms / records
             return
         self.cost.observe(records, duration_ms)
         # Step 3
