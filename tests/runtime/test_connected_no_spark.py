@@ -22,6 +22,7 @@ from sparkpoint import protocol as p
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.graph import StreamExecutionEnvironment
 from sparkpoint.options import JobOptions
+from sparkpoint.runtime.connected import ControlPlaneAuthority
 from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.runtime.epochs import EpochRunner, unacknowledged
 from sparkpoint.runtime.heartbeats import heartbeat_interval_ms, previous_failure
@@ -152,6 +153,25 @@ def test_a_signal_cancels_a_running_job_at_the_next_epoch_boundary(
     driver.authority.close()
     assert _statuses(client, streams) == ["RUNNING", "CANCELLING", "CANCELED"]
     assert driver.job.epoch == 0
+
+
+def test_a_checkpoint_timeout_the_control_plane_changed_bounds_the_epochs(
+    client: redis.Redis, streams: Streams, tmp_path: Path
+) -> None:
+    # PATCH /jobs/{id}/checkpoints/config: the planner keeps two epochs within the timeout
+    # the control plane expires checkpoints by, not the one the job started with.
+    driver = _driver(streams, tmp_path)
+    authority = driver.authority
+    assert isinstance(authority, ControlPlaneAuthority)
+    assert driver.job.planner.checkpoint_timeout_ms == 600_000
+    for changes, timeout in (
+        ({"timeout_ms": 5_000, "retained": 3}, 5_000),
+        ({"retained": 2}, 5_000),
+    ):
+        command = p.ConfigurationChanged(changes=changes)
+        authority._obey_one(p.envelope(driver.job_id, 1, 0, command), command)
+        assert driver.job.planner.checkpoint_timeout_ms == timeout
+    driver.authority.close()
 
 
 def test_only_the_barrier_events_of_subtasks_that_acknowledged_are_left_to_their_acks() -> None:

@@ -311,6 +311,9 @@ class ControlPlaneAuthority(Authority):
             status = command.status if command.status in ends else p.JobStatus.CANCELED
             self._end = (status, command.cause)
         elif isinstance(command, p.ConfigurationChanged):
+            timeout_ms = command.changes.get("timeout_ms")
+            if isinstance(timeout_ms, int) and timeout_ms > 0:  # it bounds the epochs
+                job.planner.checkpoint_timeout_ms = timeout_ms
             if job.console is not None:
                 # Informational (the control plane triggers), but whoever reads the console sees
                 # that the settings it started with no longer hold.
