@@ -160,9 +160,9 @@ class Harness:
         """The driver process ``incarnation`` is alive."""
         self.send(attempt, p.DriverHeartbeat(incarnation=incarnation, host_time=0))
 
-    def epoch_ended(self, attempt: int, epoch: int, **fields: float | int) -> None:
-        """The driver's heartbeat at the end of ``epoch`` (``fields``: its other numbers)."""
-        numbers: dict[str, float | int] = dict(
+    def epoch_ended(self, attempt: int, epoch: int, **fields: Any) -> None:
+        """The driver's heartbeat at the end of ``epoch`` (``fields``: its other fields)."""
+        numbers: dict[str, Any] = dict(
             records=10, duration_ms=5.0, records_per_second=2.0, source_lag=0
         )
         beat = p.Heartbeat(epoch=epoch, host_time=self.clock.now_ms(), **{**numbers, **fields})

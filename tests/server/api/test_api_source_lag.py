@@ -7,24 +7,11 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from service_harness import Harness
 
-from sparkpoint import protocol as p
-
 from .conftest import AppFactory
 
 
 def heartbeat(h: Harness, epoch: int, lag: int, unanswered: list[str] | None) -> None:
-    h.send(
-        1,
-        p.Heartbeat(
-            epoch=epoch,
-            records=10,
-            duration_ms=5.0,
-            records_per_second=2000.0,
-            source_lag=lag,
-            host_time=0,
-            unanswered_splits=unanswered,
-        ),
-    )
+    h.epoch_ended(1, epoch, source_lag=lag, unanswered_splits=unanswered)
 
 
 def test_a_lag_the_driver_could_not_count_is_null_and_names_the_splits(
