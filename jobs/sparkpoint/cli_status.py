@@ -182,6 +182,9 @@ def _liveness(job: dict[str, Any], now: int) -> list[str]:
         elif lag is not None:
             line += f", source lag {lag:,.0f}"
         line += f"; latest epoch ended {_ago(now, throughput['last-heartbeat'])}"
+        if throughput.get("epoch-bound") is not None:
+            bound = throughput["epoch-bound"] / 1000
+            line += f", held within {bound:g} s by the checkpoint timeout"
     lines = [line]
     if driver.get("heartbeat-interval"):
         lines.append(

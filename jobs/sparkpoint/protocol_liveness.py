@@ -37,6 +37,9 @@ class Heartbeat(ProtocolModel):
     host_time: Long
     # None: a driver that does not report them (its lag counts every split).
     unanswered_splits: list[Name] | None = Field(default=None, max_length=MAX_PARALLELISM)
+    # The planner held the epoch within this many ms so that checkpoints complete within their
+    # timeout (a job catching up would have read more); None: not held back.
+    epoch_bound_ms: float | None = Field(default=None, ge=0, le=MAX_DURATION_MS)
     # The application's executors after the epoch; None: a driver that does not report them.
     executors: list[ExecutorModel] | None = Field(default=None, max_length=MAX_EXECUTORS)
     # An epoch that restored keyed state (else None): its longest restore, first records' time

@@ -179,6 +179,14 @@ def test_a_lag_that_cannot_be_counted_is_unknown_and_names_the_splits_that_do_no
     assert lag["y"] == [2290, None]
 
 
+def test_an_epoch_held_back_by_the_checkpoint_timeout_says_so_on_the_throughput_card() -> None:
+    throughput = {**JOB["throughput"], "epoch-bound": 1200.0}
+    shown = job_cards({**JOB, "throughput": throughput}, SAMPLES)
+    assert texts(shown[4])[2] == "last epoch, held within 1.20 s by the checkpoint timeout"
+    ended = job_cards({**JOB, "state": "FINISHED", "throughput": throughput}, SAMPLES)
+    assert texts(ended[4])[2] == "the job is FINISHED"
+
+
 def test_statuses_become_bands_until_the_next_transition_or_now() -> None:
     assert [
         (b["status"], b["start"] - T0, b["end"] - T0, b["attempt"]) for b in status_bands(JOB)

@@ -91,6 +91,11 @@ def test_a_job_far_behind_completes_its_checkpoints_while_it_catches_up(
     # within the budget from what the epochs before it cost.
     assert max(_durations(job)) <= CHECKPOINT_TIMEOUT_SHARE * TIMEOUT_MS * 1.1
     assert counts == expected and sum(counts.values()) == EVENTS
+    # Its heartbeats say which epochs were held back, and by how much (the dashboard shows it).
+    beats = [b for b in job.memory.of_type(p.Heartbeat) if isinstance(b, p.Heartbeat)]
+    held = {b.epoch_bound_ms for b in beats}
+    assert held == {None, CHECKPOINT_TIMEOUT_SHARE * TIMEOUT_MS}
+    assert all(b.epoch_bound_ms is None for b in free.memory.of_type(p.Heartbeat))
 
 
 def _durations(job: driver.JobDriver) -> list[float]:

@@ -215,3 +215,15 @@ def test_a_lag_the_sources_could_not_count_is_unknown_and_names_their_splits() -
     }
     lines = status_lines(_shown(state="RUNNING", throughput=throughput))
     assert ", source lag unknown (redis:ev does not answer); latest epoch ended " in lines[2]
+
+
+def test_an_epoch_held_back_by_the_checkpoint_timeout_says_so() -> None:
+    throughput = {
+        "records": 10,
+        "records-per-second": 5.0,
+        "source-lag": 7,
+        "epoch-bound": 1200.0,
+        "last-heartbeat": NOW - 1000,
+    }
+    line = status_lines(_shown(state="RUNNING", throughput=throughput))[2]
+    assert line.endswith("(1,000 ms ago), held within 1.2 s by the checkpoint timeout"), line

@@ -57,6 +57,7 @@ class Epoch:
     duration_ms: float
     lag_after_planning: int  # the same, once the epoch's ranges are taken
     planned_at_ms: float = 0.0  # since the planner started
+    held_within_ms: float | None = None  # the planner's bound that held it back, if any
 
 
 def _simulate(
@@ -92,7 +93,8 @@ def _simulate(
         planner.advance(ranges)
         records = sum(r.records for r in ranges)
         duration = overhead_ms + per_record_ms * records
-        out.append(Epoch(lag, records, duration, planner.lag(), clock.monotonic_ms() - started))
+        since = clock.monotonic_ms() - started
+        out.append(Epoch(lag, records, duration, planner.lag(), since, planner.held_within_ms))
         clock.advance(duration)
         planner.observe(records, duration)
     return out
@@ -143,6 +145,10 @@ def test_catching_up_never_grows_an_epoch_past_what_the_checkpoint_timeout_allow
     assert caught_up < 60  # 12 M at 375 k/s of epochs, less the 100 k/s arriving: ~45 s
     assert bounded[caught_up].planned_at_ms < 60_000
     assert all(e.lag < 100_000 * budget / 1000 for e in bounded[caught_up + 1 :])
+    # The heartbeat says which epochs the bound held back: the catching-up ones, not later.
+    assert bounded[2].held_within_ms == budget
+    assert all(e.held_within_ms is None for e in bounded[caught_up + 2 :])
+    assert all(e.held_within_ms is None for e in unbounded)
     assert said == [
         "epochs are kept within 1.2 s, 0.4 of the 3 s checkpoint timeout (a checkpoint travels "
         "with an epoch, and one triggered while an epoch runs with the next), instead of the "

@@ -98,7 +98,9 @@ router.add_route("/jobs/overview", _overview_is_not_a_job, ["PATCH"], include_in
     summary="Job details",
     description="Flink's job detail (`jid`, `state`, `vertices`, `timestamps`...) plus the "
     "status history, the latest heartbeat's `throughput` (`source-lag` is null while a split's "
-    "source does not answer, and `unanswered-splits` names those splits), the registered "
+    "source does not answer, and `unanswered-splits` names those splits; `epoch-bound`: the "
+    "milliseconds the driver held its latest epoch within so that checkpoints complete within "
+    "their timeout, null when it was not held back), the registered "
     "configuration and "
     "`spark`: the `ui-url` and `application-id` of the current driver's Spark application "
     "(null until the driver reports RUNNING; `ui-url` also when the Spark UI is off) and its "

@@ -304,6 +304,7 @@ class EventApplier:
             records_per_second=ev.records_per_second,
             source_lag=ev.source_lag,
             unanswered_splits=ev.unanswered_splits,
+            epoch_bound_ms=ev.epoch_bound_ms,
             last_heartbeat=env.timestamp,
         )
         if ev.restore_duration_ms is not None or ev.first_record_after_restore is not None:

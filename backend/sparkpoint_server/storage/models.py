@@ -88,6 +88,9 @@ class Job(Base):
     # The splits whose source did not answer (source_lag leaves them out, so the lag is
     # unknown while there are any); None: a driver that does not report them.
     unanswered_splits: Mapped[list[str] | None] = mapped_column(JSON)
+    # The bound (ms) the driver's planner held the latest epoch within so that checkpoints
+    # complete within their timeout; None: not held back (or a driver that does not say).
+    epoch_bound_ms: Mapped[float | None] = mapped_column(Float)
     last_heartbeat: Mapped[int | None] = mapped_column(BigInteger)
     # The driver's liveness (Flink's heartbeat.timeout): the interval its registration
     # announced (None: a driver that sends no ``driver_heartbeat``, not watched) and when the

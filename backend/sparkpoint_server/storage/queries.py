@@ -201,6 +201,7 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
             "records": records,
             "records-per-second": job.records_per_second,
             **_lag(job.source_lag, job.unanswered_splits),
+            "epoch-bound": job.epoch_bound_ms,
             "last-heartbeat": job.last_heartbeat,
         },
         "config": job.config,

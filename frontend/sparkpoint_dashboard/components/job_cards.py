@@ -47,6 +47,19 @@ def records_total(job: dict[str, Any]) -> tuple[str, str]:
     return (f"{fmt_count(total)} records" if total is not None else DASH), detail
 
 
+def throughput_detail(job: dict[str, Any]) -> str:
+    """The "throughput" card's line: the last epoch's, and when the planner held that epoch
+    back so that checkpoints complete within their timeout, how far (why a job catching up
+    reads no more)."""
+    state = job.get("state") or "UNKNOWN"
+    if state in TERMINAL:
+        return f"the job is {state}"
+    bound = (job.get("throughput") or {}).get("epoch-bound")
+    if bound is None:
+        return "last epoch"
+    return f"last epoch, held within {fmt_ms(bound)} by the checkpoint timeout"
+
+
 def source_lag(job: dict[str, Any]) -> tuple[str, str]:
     """The "source lag" card: records the sources hold and have not read yet, while the job
     runs; an ended job reads nothing more, so its last lag would mislead. While a split's
@@ -88,11 +101,7 @@ def job_cards(job: dict[str, Any], samples: list[dict[str, Any]]) -> list[html.D
             fmt_count(job.get("restarts")),
             f"last: {fmt_age(now, restarts[-1]['timestamp'])}" if restarts else "none",
         ),
-        stat(
-            "Throughput",
-            fmt_rate(rate) if running else DASH,
-            "last epoch" if running else f"the job is {state}",
-        ),
+        stat("Throughput", fmt_rate(rate) if running else DASH, throughput_detail(job)),
         stat("Records", total, total_detail),
         stat("Source lag", *source_lag(job)),
         heartbeat_card(job, now, heartbeat),

@@ -231,6 +231,7 @@ class JobExecution:
                 source_lag=self.planner.lag(),
                 host_time=self.clock.now_ms(),
                 unanswered_splits=self.planner.unanswered_splits(),
+                epoch_bound_ms=self.planner.held_within_ms,
                 executors=self.executors,
                 restore_duration_ms=max((r.restore_ms or 0.0 for r in restored), default=None),
                 first_record_after_restore=min(firsts, default=None),

@@ -177,6 +177,9 @@ class EpochPlanner:
         self.max_records = max_records
         self.checkpoint_timeout_ms = checkpoint_timeout_ms
         self._said_budget = False
+        #: The bound (ms) that held the latest planned epoch below the size the job wanted
+        #: (:meth:`_within_budget`); None: that epoch was not held back.
+        self.held_within_ms: float | None = None
         # The first epoch's milliseconds per record, start-up included: until the cost model
         # has an epoch, what bounds the next one by the checkpoint timeout (pessimistically).
         self._first_ms_per_record: float | None = None
@@ -322,6 +325,7 @@ class EpochPlanner:
         """``size``, or fewer records per split when the cost model predicts that an epoch of
         ``size`` runs longer than :data:`CHECKPOINT_TIMEOUT_SHARE` of the checkpoint timeout
         (never fewer than ``min_records``); the first time, the console says so."""
+        self.held_within_ms = None
         budget_ms = CHECKPOINT_TIMEOUT_SHARE * self.checkpoint_timeout_ms
         records = size * len(self.split_ids)
         if self.cost.per_record_ms is not None:
@@ -336,6 +340,8 @@ class EpochPlanner:
             return size
         within /= len(self.split_ids)
         bounded = int(max(self.min_records, min(size, within)))
+        if bounded < size:
+            self.held_within_ms = budget_ms
         if not self._said_budget and self.say is not None:
             self._said_budget = True
             self.say(

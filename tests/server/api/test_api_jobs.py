@@ -183,6 +183,7 @@ def test_job_details_have_flinks_fields_and_the_status_history(client: TestClien
             "records-per-second": 2_500.5,
             "source-lag": 17,
             "unanswered-splits": [],
+            "epoch-bound": None,
             "last-heartbeat": T0 + 59_000,
         },
         "config": CONFIG,

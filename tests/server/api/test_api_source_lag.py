@@ -39,3 +39,15 @@ def test_a_lag_the_driver_could_not_count_is_null_and_names_the_splits(
         (None, ["redis:ev#0/2", "redis:ev#1/2"]),
         (900, []),
     ]
+
+
+def test_the_latest_epochs_bound_by_the_checkpoint_timeout_is_the_jobs(
+    harness: Harness, make_client: AppFactory
+) -> None:
+    harness.register()
+    harness.running(1)
+    client: TestClient = make_client()
+    harness.epoch_ended(1, 0, epoch_bound_ms=1200.0)  # held back while it catches up
+    assert client.get(f"/jobs/{harness.job_id}").json()["throughput"]["epoch-bound"] == 1200.0
+    harness.epoch_ended(1, 1)  # caught up: not held back
+    assert client.get(f"/jobs/{harness.job_id}").json()["throughput"]["epoch-bound"] is None
