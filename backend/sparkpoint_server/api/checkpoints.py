@@ -38,7 +38,7 @@ from sparkpoint_server.api.schemas import (
     RequestId,
     TriggerCheckpointRequest,
 )
-from sparkpoint_server.storage import checkpoint_stats, queries
+from sparkpoint_server.storage import checkpoint_stats, job_settings, queries
 
 router = APIRouter(tags=["checkpoints"], dependencies=[Depends(require_token)])
 
@@ -119,7 +119,7 @@ def trigger_checkpoint(
 )
 def get_checkpoint_config(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:
-        return json_response(queries.checkpoint_config(session, job_id))
+        return json_response(job_settings.checkpoint_config(session, job_id))
 
 
 @router.patch(
@@ -138,9 +138,9 @@ def patch_checkpoint_config(
     control_plane: ControlPlaneDep,
 ) -> JSONResponse:
     with sessions() as session:
-        current = queries.checkpoint_config(session, job_id)
+        current = job_settings.checkpoint_config(session, job_id)
     updated = control_plane.update_checkpoint_config(job_id, body.changes())
-    for name, key in queries.CONFIG_KEYS.items():
+    for name, key in job_settings.CONFIG_KEYS.items():
         if key in updated:
             current[name] = updated[key]
     return json_response(current)

@@ -19,7 +19,7 @@ from sparkpoint_server.api.errors import InvalidConfigurationError
 from sparkpoint_server.api.responses import RestartStrategyAnswer, answer, errors
 from sparkpoint_server.api.schemas import JobId
 from sparkpoint_server.errors import InvalidRequestError
-from sparkpoint_server.storage import queries
+from sparkpoint_server.storage import job_settings, queries
 
 router = APIRouter(tags=["restart strategy"], dependencies=[Depends(require_token)])
 
@@ -87,7 +87,7 @@ def validate_restart_strategy(conf: dict[str, Any]) -> dict[str, ConfigValue]:
 )
 def get_restart_strategy(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     with sessions() as session:
-        return json_response(queries.restart_strategy(session, job_id))
+        return json_response(job_settings.restart_strategy(session, job_id))
 
 
 @router.put(
@@ -112,4 +112,4 @@ def put_restart_strategy(
     with sessions() as session:
         queries.require_job(session, job_id)
     stored = control_plane.set_restart_strategy(job_id, valid)
-    return json_response(queries.shape_restart_strategy(stored))
+    return json_response(job_settings.shape_restart_strategy(stored))

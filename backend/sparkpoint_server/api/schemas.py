@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.json_schema import SkipJsonSchema
 
 from sparkpoint.limits import MAX_DURATION_MS, MAX_INT, MAX_JOB_ID_LENGTH, MAX_NAME_LENGTH
-from sparkpoint_server.storage.queries import CHANGEABLE, CONFIG_KEYS
+from sparkpoint_server.storage.job_settings import CHANGEABLE, CONFIG_KEYS
 
 JobId = Annotated[str, Path(description="The job's id.", max_length=MAX_JOB_ID_LENGTH)]
 CheckpointId = Annotated[int, Path(ge=1, le=MAX_INT, description="The checkpoint's id.")]
