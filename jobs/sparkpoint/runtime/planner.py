@@ -180,9 +180,9 @@ class EpochPlanner:
         #: The bound (ms) that held the latest planned epoch below the size the job wanted
         #: (:meth:`_within_budget`); None: that epoch was not held back.
         self.held_within_ms: float | None = None
-        # The first epoch's milliseconds per record, start-up included: until the cost model
-        # has an epoch, what bounds the next one by the checkpoint timeout (pessimistically).
-        self._first_ms_per_record: float | None = None
+        # The first epoch alone, start-up included (all of it a cost per record): until the
+        # cost model has an epoch, what bounds the next one by the checkpoint timeout.
+        self._first_cost: EpochCostModel | None = None
         self._first = max(min_records, min(max_records, FIRST_EPOCH_RECORDS))
         self.per_split = self._first
         # After a restore: the cap of the next epoch's size, growing by GROWTH per epoch.
@@ -328,17 +328,11 @@ class EpochPlanner:
         self.held_within_ms = None
         budget_ms = CHECKPOINT_TIMEOUT_SHARE * self.checkpoint_timeout_ms
         records = size * len(self.split_ids)
-        if self.cost.per_record_ms is not None:
-            if self.cost.duration_ms(records) <= budget_ms:
-                return size
-            within = self.cost.records_within(budget_ms)
-        elif self._first_ms_per_record is not None:
-            if self._first_ms_per_record * records <= budget_ms:
-                return size
-            within = budget_ms / self._first_ms_per_record
-        else:  # nothing measured yet: the first epoch is small (FIRST_EPOCH_RECORDS)
+        cost = self.cost if self.cost.per_record_ms is not None else self._first_cost
+        # Nothing measured yet: the first epoch is small (FIRST_EPOCH_RECORDS).
+        if cost is None or cost.duration_ms(records) <= budget_ms:
             return size
-        within /= len(self.split_ids)
+        within = cost.records_within(budget_ms) / len(self.split_ids)
         bounded = int(max(self.min_records, min(size, within)))
         if bounded < size:
             self.held_within_ms = budget_ms
@@ -414,7 +408,8 @@ class EpochPlanner:
         if records <= 0 or duration_ms <= 0:
             return
         if self._observed == 1:
-            self._first_ms_per_record = duration_ms / records
+            self._first_cost = EpochCostModel()
+            self._first_cost.observe(records, duration_ms)
             return
         self.cost.observe(records, duration_ms)
         # Step 3
