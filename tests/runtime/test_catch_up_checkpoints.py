@@ -40,17 +40,20 @@ class CostlyEpochs(LocalEpochRunner):
     job's manual clock."""
 
     clock = ManualClock()
+    per_record_ms = PER_RECORD_MS
 
     def run(self, plan: EpochPlan) -> list[TaskReport]:
         reports = super().run(plan)
         records = sum(r.records for r in plan.ranges)
-        self.clock.advance(OVERHEAD_MS + PER_RECORD_MS * records)
+        self.clock.advance(OVERHEAD_MS + self.per_record_ms * records)
         return reports
 
 
-def _run(tmp_path: Path, timeout_ms: int) -> tuple[driver.JobDriver, dict[str, int]]:
-    """The PV job over a backlog of EVENTS on the manual clock; its driver and each app's
-    last committed count."""
+def _run(
+    tmp_path: Path, timeout_ms: int, rate: int = 1000, events: int = EVENTS
+) -> tuple[driver.JobDriver, dict[str, int]]:
+    """The PV job over a backlog of ``events`` on the manual clock (with ``rate`` 0: unpaced);
+    its driver and each app's last committed count."""
     clock = ManualClock()
     CostlyEpochs.clock = clock
     options = JobOptions(
@@ -64,8 +67,8 @@ def _run(tmp_path: Path, timeout_ms: int) -> tuple[driver.JobDriver, dict[str, i
     )
     env = StreamExecutionEnvironment(options)
     out = str(tmp_path / "out")
-    argv = ["--events", str(EVENTS), "--apps", str(APPS), "--rate", "1000"]
-    pv_count.build(env, [*argv, "--backlog", str(EVENTS), "--emit", "epoch", "--output", out])
+    argv = ["--events", str(events), "--apps", str(APPS), "--rate", str(rate)]
+    pv_count.build(env, [*argv, "--backlog", str(events), "--emit", "epoch", "--output", out])
     job = driver.JobDriver(env.graph, options, clock=clock, in_process=True)
     job.run()
     last: dict[str, int] = {}
@@ -87,7 +90,7 @@ def test_a_job_far_behind_completes_its_checkpoints_while_it_catches_up(
 
     assert not job.memory.of_type(p.CheckpointAborted)
     assert not job.memory.of_type(p.JobRestored)
-    # The first epoch reads FIRST_EPOCH_RECORDS per split (1.3 s); every later one is sized
+    # The first epoch reads min_records per split (start-up); every later one is sized
     # within the budget from what the epochs before it cost.
     assert max(_durations(job)) <= CHECKPOINT_TIMEOUT_SHARE * TIMEOUT_MS * 1.1
     assert counts == expected and sum(counts.values()) == EVENTS
@@ -101,4 +104,21 @@ def test_a_job_far_behind_completes_its_checkpoints_while_it_catches_up(
 def _durations(job: driver.JobDriver) -> list[float]:
     """Each epoch's duration on the manual clock."""
     beats = [b for b in job.memory.of_type(p.Heartbeat) if isinstance(b, p.Heartbeat)]
-    return [OVERHEAD_MS + PER_RECORD_MS * b.records for b in beats]
+    return [OVERHEAD_MS + CostlyEpochs.per_record_ms * b.records for b in beats]
+
+
+def test_a_slow_function_does_not_expire_the_first_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 us a record, unpaced, a 3 s timeout: the job's first epoch read FIRST_EPOCH_RECORDS
+    per split (10 s) with checkpoint 1 riding it, which expired and failed the job. Now that
+    epoch reads min_records per split and carries no checkpoint, and the next is bounded."""
+    monkeypatch.setattr(driver, "LocalEpochRunner", CostlyEpochs)
+    monkeypatch.setattr(CostlyEpochs, "per_record_ms", 0.05)
+    job, counts = _run(tmp_path, TIMEOUT_MS, rate=0, events=400_000)
+
+    assert not job.memory.of_type(p.CheckpointAborted)
+    assert not job.memory.of_type(p.JobRestored)
+    assert len(job.memory.of_type(p.CheckpointCompleted)) > 3
+    assert max(_durations(job)) <= CHECKPOINT_TIMEOUT_SHARE * TIMEOUT_MS
+    assert sum(counts.values()) == 400_000

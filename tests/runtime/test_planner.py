@@ -138,7 +138,7 @@ def test_catching_up_never_grows_an_epoch_past_what_the_checkpoint_timeout_allow
     said: list[str] = []
     bounded = _simulate(EpochPlanner, 80, 300.0, **costs, checkpoint_timeout_ms=3_000, said=said)
     budget = CHECKPOINT_TIMEOUT_SHARE * 3_000
-    assert bounded[0].duration_ms <= budget  # FIRST_EPOCH_RECORDS per split
+    assert bounded[0].records == 2 * 1_000  # min_records per split: start-up
     assert all(e.duration_ms <= budget + 1e-6 for e in bounded[1:])
     assert max(e.duration_ms for e in bounded) > 0.9 * budget  # bounded, not shrunk
     caught_up = next(i for i, e in enumerate(bounded) if e.lag_after_planning == 0)
@@ -152,9 +152,22 @@ def test_catching_up_never_grows_an_epoch_past_what_the_checkpoint_timeout_allow
     assert said == [
         "epochs are kept within 1.2 s, 0.4 of the 3 s checkpoint timeout (a checkpoint travels "
         "with an epoch, and one triggered while an epoch runs with the next), instead of the "
-        "400,000 records per split the job would read now; with a longer --checkpoint-timeout "
+        "100,000 records per split the job would read now; with a longer --checkpoint-timeout "
         "epochs grow and a job catches up faster"
     ]
+
+
+def test_a_slow_function_does_not_make_the_first_epochs_outlast_the_checkpoint_timeout() -> None:
+    """50 us a record and a 3 s timeout: a first epoch of FIRST_EPOCH_RECORDS per split ran
+    10 s, and the checkpoint triggered during it expired on every driver start. Now the first
+    epoch reads min_records per split (mostly start-up), and what it cost bounds the next."""
+    costs: dict[str, Any] = {"rate": 0, "per_record_ms": 0.05}
+    unbounded = _simulate(EpochPlanner, 3, 300.0, **costs)
+    assert [e.records for e in unbounded[:2]] == [2 * 1_000, 2 * FIRST_EPOCH_RECORDS]
+    bounded = _simulate(EpochPlanner, 20, 300.0, **costs, checkpoint_timeout_ms=3_000)
+    budget = CHECKPOINT_TIMEOUT_SHARE * 3_000
+    assert all(e.duration_ms <= budget + 1e-6 for e in bounded)
+    assert min(e.duration_ms for e in bounded[5:]) > 0.9 * TARGET_MS  # the target, not less
 
 
 def _records_per_s(epochs: list[Epoch]) -> float:
@@ -164,22 +177,24 @@ def _records_per_s(epochs: list[Epoch]) -> float:
 def test_an_idle_job_keeps_epochs_within_the_target_after_catching_up() -> None:
     new = _simulate(EpochPlanner, 30, 300.0)
     settled = next(i for i, e in enumerate(new) if e.lag_after_planning == 0 and e.lag < 20_000)
-    assert settled <= 8
+    assert settled <= 9  # one epoch more than before the start-up epoch
     assert all(e.duration_ms < TARGET_MS and e.lag_after_planning == 0 for e in new[settled:])
 
 
 def test_a_job_started_two_million_events_behind_catches_up_by_growing_its_epochs() -> None:
     """Benchmark 5's job (20 k events/s, 2 M behind) on an idle machine's costs (0.4 s an
-    epoch, a million records/s): the first epoch, before any arrival rate is known, has the
-    default size; then epochs grow by GROWTH until one reads the whole backlog, and the job
-    stays caught up: every later epoch finds less than one target duration of arrivals."""
+    epoch, a million records/s): the first epoch is start-up (min_records per split); the
+    next has the default size; then epochs grow by GROWTH until one reads the whole backlog,
+    and the job stays caught up: every later epoch finds less than one target duration of
+    arrivals."""
     epochs = _simulate(EpochPlanner, 20, 400.0, backlog=2_000_000, per_record_ms=0.001)
     assert epochs[0].lag == 2_000_000
-    assert epochs[0].records == 200_000
-    assert epochs[1].records == GROWTH * epochs[0].records
+    assert epochs[0].records == 2_000
+    assert epochs[1].records == 200_000
+    assert epochs[2].records == GROWTH * epochs[1].records
     whole = next(i for i, e in enumerate(epochs) if e.lag_after_planning == 0)
-    assert whole == 2
-    assert epochs[whole].records == epochs[whole].lag > GROWTH * epochs[0].records
+    assert whole == 3
+    assert epochs[whole].records == epochs[whole].lag > GROWTH * epochs[1].records
     one_epoch = RATE * TARGET_MS / 1000  # what a caught-up epoch reads at most
     caught_up = next(i for i in range(len(epochs)) if all(e.lag <= one_epoch for e in epochs[i:]))
     # The epoch that reads the rest of the backlog lasts over the target (1.4 s), so the one
@@ -193,10 +208,10 @@ def test_a_job_started_two_million_events_behind_catches_up_by_growing_its_epoch
 def test_an_unpaced_source_keeps_epochs_sized_by_throughput() -> None:
     """Unpaced sources (the runtime tests' jobs) keep their sizing: per split, what the last
     epoch's throughput reads in the target duration, growing at most 4x (the first epoch,
-    mostly start-up, is not measured)."""
+    mostly start-up, reads min_records per split and is not measured)."""
     for overhead in (300.0, 2_000.0):
         epochs = _simulate(EpochPlanner, 12, overhead, rate=0)
-        per_split, expected = 100_000, [200_000, 200_000]
+        per_split, expected = 100_000, [2_000, 200_000]
         for e in epochs[1:-1]:
             rule = e.records / e.duration_ms * TARGET_MS / 2
             per_split = int(max(1_000, min(rule, 4 * per_split)))

@@ -259,7 +259,9 @@ class InProcessAuthority(Authority):
             kind = CheckpointKind.SAVEPOINT if target else CheckpointKind.CHECKPOINT
             pending = coordinator.trigger(kind, is_final=True, target_directory=target)
             ranges = job.planner.with_barrier(ranges, at_end=True)
-        elif coordinator.periodic_due():
+        elif coordinator.periodic_due() and (job.planner.started or not holds_records(ranges)):
+            # Not in the first epoch of records, which starts the Python workers: as Flink
+            # triggers once the tasks run, the first checkpoint rides the next, bounded epoch.
             pending = coordinator.trigger(periodic=True)
             ranges = job.planner.with_barrier(ranges, at_end=False)
         elif not holds_records(ranges):  # an idle source: the loop sees a signal, expiries

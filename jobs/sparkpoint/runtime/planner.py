@@ -24,10 +24,15 @@ GROWTH = 4
 KEEP_UP_MARGIN = 1.25
 #: How quickly the arrival rate follows a change (weight of the latest epoch).
 RATE_SMOOTHING = 0.5
-#: The most records per split of a job's first epoch, and of the first epoch after a restore:
-#: its Python workers start afresh (the failed epoch's were killed), and no keyed task runs
-#: before the source stage ended, so a full-sized epoch kept the job from its first processed
-#: record for as long as reading it took (0.97 s of 1.10 s recovery, ``make bench-recovery``).
+#: The most records per split of a job's first sized epoch, and of the first epoch after a
+#: restore: its Python workers start afresh (the failed epoch's were killed), and no keyed task
+#: runs before the source stage ended, so a full-sized epoch kept the job from its first
+#: processed record for as long as reading it took (0.97 s of 1.10 s recovery,
+#: ``make bench-recovery``). Before it, a driver's very first epoch reads only ``min_records``
+#: per split: it is mostly start-up, a checkpoint triggered while it runs is carried by the
+#: next epoch, and that next epoch is bounded by what the first one cost. A first epoch of
+#: FIRST_EPOCH_RECORDS with a slow function (50 us a record: 5 s) expired the first checkpoint
+#: of every driver under a 3 s checkpoint timeout.
 FIRST_EPOCH_RECORDS = 100_000
 #: The longest an epoch may run, as a share of the checkpoint timeout: a barrier travels with
 #: an epoch, and a checkpoint triggered while one epoch runs is carried by the next (connected
@@ -184,7 +189,7 @@ class EpochPlanner:
         # cost model has an epoch, what bounds the next one by the checkpoint timeout.
         self._first_cost: EpochCostModel | None = None
         self._first = max(min_records, min(max_records, FIRST_EPOCH_RECORDS))
-        self.per_split = self._first
+        self.per_split = min_records  # the first epoch: start-up (FIRST_EPOCH_RECORDS)
         # After a restore: the cap of the next epoch's size, growing by GROWTH per epoch.
         self._restart_cap: int | None = None
         self.cost = EpochCostModel()
@@ -205,6 +210,12 @@ class EpochPlanner:
         """Seconds of the paced source's clock: since :meth:`start`, plus the offset a restore
         in a new driver needs (a position that a checkpoint holds existed already)."""
         return (self.clock.monotonic_ms() - self._started) / 1000 + self._offset_s
+
+    @property
+    def started(self) -> bool:
+        """Whether an epoch ended: before, the job's Python workers are still starting (Flink's
+        tasks not yet RUNNING)."""
+        return self._observed > 0
 
     @property
     def bounded(self) -> bool:
@@ -329,7 +340,7 @@ class EpochPlanner:
         budget_ms = CHECKPOINT_TIMEOUT_SHARE * self.checkpoint_timeout_ms
         records = size * len(self.split_ids)
         cost = self.cost if self.cost.per_record_ms is not None else self._first_cost
-        # Nothing measured yet: the first epoch is small (FIRST_EPOCH_RECORDS).
+        # Nothing measured yet: the first epoch is small (min_records per split).
         if cost is None or cost.duration_ms(records) <= budget_ms:
             return size
         within = cost.records_within(budget_ms) / len(self.split_ids)
@@ -410,6 +421,7 @@ class EpochPlanner:
         if self._observed == 1:
             self._first_cost = EpochCostModel()
             self._first_cost.observe(records, duration_ms)
+            self.per_split = self._first
             return
         self.cost.observe(records, duration_ms)
         # Step 3
