@@ -267,6 +267,15 @@ def product_parser() -> argparse.ArgumentParser:
         help="upper bound of the records an epoch reads",
     )
     spark.add_argument(
+        "--min-epoch-records",
+        type=int,
+        default=None,
+        metavar="N",
+        help="lower bound of the records an epoch reads per split (default 1,000, at most "
+        "--max-epoch-records); also the size of a driver's first epoch, which mostly starts "
+        "Spark's Python workers",
+    )
+    spark.add_argument(
         "--alignment-buffer",
         type=int,
         default=64 << 20,

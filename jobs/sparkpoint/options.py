@@ -29,6 +29,8 @@ from sparkpoint.transport import default_redis_url
 #: The default ``--local-dir`` under the temporary directory. Not ``sparkpoint``: run from the
 #: temporary directory, a folder of the package's name there would shadow the package.
 DEFAULT_LOCAL_DIR_NAME = "sparkpoint-local"
+#: Records per split of an epoch's lower bound, and of a driver's first epoch.
+DEFAULT_MIN_EPOCH_RECORDS = 1_000
 # The options that only say how a connected job reaches its control plane (dest: flag).
 CONTROL_PLANE_OPTIONS = {
     "redis_url": "--redis-url",
@@ -64,7 +66,7 @@ class JobOptions:
     )
     epoch_target_ms: float = 1000.0
     max_epoch_records: int = 4_000_000
-    min_epoch_records: int = 1_000
+    min_epoch_records: int = DEFAULT_MIN_EPOCH_RECORDS
     alignment_buffer_bytes: int = 64 << 20  # held in memory per keyed subtask, then spilled
     events_log: str | None = None
     max_events_in_memory: int | None = 1_000_000  # the driver's own event history
@@ -106,7 +108,7 @@ def check_epoch_options(options: JobOptions) -> None:
         )
     if options.min_epoch_records < 1:
         raise ConfigurationError(
-            f"min_epoch_records must be >= 1 records, got {options.min_epoch_records}"
+            f"--min-epoch-records must be >= 1 records, got {options.min_epoch_records}"
         )
 
 
@@ -256,6 +258,7 @@ def parse_job_options(
         local_dir=ns.local_dir or os.path.join(tempfile.gettempdir(), DEFAULT_LOCAL_DIR_NAME),
         epoch_target_ms=ns.epoch_target_ms,
         max_epoch_records=ns.max_epoch_records,
+        min_epoch_records=_min_epoch_records(ns),
         alignment_buffer_bytes=ns.alignment_buffer,
         events_log=ns.events_log,
         restart_strategy=restart,
@@ -333,6 +336,23 @@ def _check_no_control_plane_options(
             "the control plane; a --standalone job runs without one (drop --standalone to "
             "connect)"
         )
+
+
+def _min_epoch_records(ns: argparse.Namespace) -> int:
+    """``--min-epoch-records``, or by default DEFAULT_MIN_EPOCH_RECORDS but never above
+    ``--max-epoch-records`` (a smaller maximum keeps working alone).
+
+    Raises:
+        ConfigurationError: both given, the minimum above the maximum.
+    """
+    if ns.min_epoch_records is None:
+        return min(DEFAULT_MIN_EPOCH_RECORDS, ns.max_epoch_records)
+    if ns.min_epoch_records > ns.max_epoch_records:
+        raise ConfigurationError(
+            f"--min-epoch-records ({ns.min_epoch_records:,}) must not exceed "
+            f"--max-epoch-records ({ns.max_epoch_records:,})"
+        )
+    return int(ns.min_epoch_records)
 
 
 def _redis_url(ns: argparse.Namespace) -> str:

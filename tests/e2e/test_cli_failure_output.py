@@ -41,8 +41,12 @@ def test_injected_failure_prints_no_traceback_of_the_killed_task(tmp_path: Path)
             str(tmp_path / "local"),
             "--restart-delay",
             "0",
+            # The first epoch reads this much of each split: the failure at offset 2000 comes
+            # while the other split's task still writes (killed, it prints no traceback).
+            "--min-epoch-records",
+            "100000",
             "--events",
-            "200000",  # the first epoch reads 100,000 of each of the two splits
+            "200000",
             "--apps",
             "7",
             "--rate",

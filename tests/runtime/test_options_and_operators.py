@@ -59,6 +59,11 @@ def test_product_options_and_job_arguments_are_split() -> None:
         # An epoch of no record never ends the input: the job ran on, reading nothing.
         (["--max-epoch-records", "0"], "--max-epoch-records must be >= 1 records, got 0"),
         (["--max-epoch-records", "-5"], "--max-epoch-records must be >= 1 records, got -5"),
+        (["--min-epoch-records", "0"], "--min-epoch-records must be >= 1 records, got 0"),
+        (
+            ["--min-epoch-records", "5000", "--max-epoch-records", "100"],
+            "--min-epoch-records (5,000) must not exceed --max-epoch-records (100)",
+        ),
         (["--epoch-target-ms", "0"], "--epoch-target-ms must be a number > 0 ms, got 0"),
         (["--epoch-target-ms", "-1"], "--epoch-target-ms must be a number > 0 ms, got -1"),
         (["--epoch-target-ms", "inf"], "--epoch-target-ms must be a number > 0 ms, got inf"),
@@ -69,6 +74,14 @@ def test_invalid_options_name_the_option(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigurationError) as err:
         parse_job_options(["--standalone", *argv])
     assert message in str(err.value)
+
+
+def test_the_epoch_minimum_defaults_to_1000_records_but_never_above_the_maximum() -> None:
+    assert parse_job_options(["--standalone"])[0].min_epoch_records == 1_000
+    opts, _ = parse_job_options(["--standalone", "--max-epoch-records", "200"])
+    assert (opts.min_epoch_records, opts.max_epoch_records) == (200, 200)
+    opts, _ = parse_job_options(["--standalone", "--min-epoch-records", "50000"])
+    assert opts.min_epoch_records == 50_000
 
 
 def test_graph_checks_uids_and_shape(tmp_path: object) -> None:
