@@ -80,6 +80,7 @@ class RecordingPlanner(EpochPlanner):
             target_ms=planner.target_ms,
             min_records=planner.min_records,
             max_records=planner.max_records,
+            checkpoint_timeout_ms=planner.checkpoint_timeout_ms,
         )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -94,8 +95,8 @@ class RecordingPlanner(EpochPlanner):
     def _since_start(self) -> float:
         return (self.clock.monotonic_ms() - self.started_ms) / 1000
 
-    def next_ranges(self) -> list[SplitRange]:
-        ranges = super().next_ranges()
+    def next_ranges(self, wait_ms: float = math.inf) -> list[SplitRange]:
+        ranges = super().next_ranges(wait_ms)
         size = self.per_split * len(self.split_ids)
         records = sum(r.records for r in ranges)
         self.epochs.append(EpochRecord(self._since_start(), records, self.lag(), size))
