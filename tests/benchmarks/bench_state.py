@@ -218,6 +218,7 @@ def run_cell(
                     StateDescriptorModel(name=i.name, kind=i.kind, serializer=i.serializer)
                     for i in backend.state_infos.values()
                 ],
+                max_parallelism=MAX_PARALLELISM,
             )
             upload = pool.submit(_timed_materialize, capture, target)
             # Step 3: the end of the epoch, while the upload runs.
