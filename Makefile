@@ -58,10 +58,13 @@ chaos: $(VENV)/.installed
 docs: $(VENV)/.installed
 	$(PY) -m sparkpoint_server.api.reference > docs/rest.md
 
+# The benchmarks and examples are type-checked too: no test runs every benchmark, and a
+# benchmark that an API change broke was found only when someone ran it.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check jobs backend frontend migrations tests
 	$(VENV)/bin/ruff format --check jobs backend frontend migrations tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy tests/benchmarks jobs/examples
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff format jobs backend frontend migrations tests

@@ -78,8 +78,8 @@ def newest_entry_id(url: str, stream: str) -> str:
         client.close()
     if not newest:
         raise ConfigurationError(f"--until-id $: the stream {stream} at {url} has no entry")
-    entry_id: bytes = newest[0][0]
-    return entry_id.decode()
+    entry_id = newest[0][0]
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 def build(env: StreamExecutionEnvironment, argv: Sequence[str]) -> argparse.Namespace:

@@ -11,8 +11,11 @@ import os
 import threading
 from collections import deque
 from collections.abc import Sequence
+from typing import TypeVar
 
 from sparkpoint import protocol as p
+
+M = TypeVar("M", bound=p._Model)
 
 
 class EventSink(abc.ABC):
@@ -36,10 +39,11 @@ class InMemoryEventSink(EventSink):
         with self._lock:
             self.events.extend(events)
 
-    def of_type(self, kind: type[p._Model]) -> list[p._Model]:
+    def of_type(self, kind: type[M]) -> list[M]:
         """The decoded payloads of one type, in order."""
         name = kind.model_fields["type"].default
-        return [e.decoded() for e in self.events if e.type == name]
+        decoded = (e.decoded() for e in self.events if e.type == name)
+        return [payload for payload in decoded if isinstance(payload, kind)]
 
 
 class JsonLinesEventSink(EventSink):

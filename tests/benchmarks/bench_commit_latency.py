@@ -60,7 +60,7 @@ def _entry_ms(entry_id: bytes) -> int:
 
 def _read_all(client: Any, stream: str) -> list[tuple[int, p.Envelope, Any]]:
     """Every entry of ``stream`` since the benchmark's group was made, with its Redis time."""
-    out = []
+    out: list[tuple[int, p.Envelope, Any]] = []
     while True:
         answer = client.xreadgroup(GROUP, "bench", {stream: ">"}, count=10_000)
         entries = [e for _, es in answer or [] for e in es]

@@ -209,7 +209,7 @@ def run_once(
             plane.trigger_checkpoint(job)
     total = 0
     now = int(time.time() * 1000)
-    storage = FileSystemCheckpointStorage(config["checkpoint_dir"])
+    storage = FileSystemCheckpointStorage(str(config["checkpoint_dir"]))
     for cid in range(1, checkpoints + 1):
         envelopes = []
         for job in ids:  # the subtasks' state files, as a job writes them (one per checkpoint)

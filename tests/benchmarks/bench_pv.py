@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ def latency_rows(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return rows
 
 
-def write_results(stem: str, table: str, data: dict[str, object]) -> None:
+def write_results(stem: str, table: str, data: Mapping[str, object]) -> None:
     """Print a result table and write it, with its raw numbers, to ``results/<stem>.md|json``."""
     print(table)
     RESULTS.mkdir(exist_ok=True)

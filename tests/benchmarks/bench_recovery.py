@@ -67,6 +67,7 @@ from sparkpoint.checkpointing.config import CheckpointConfig  # noqa: E402
 from sparkpoint.connectors.sources import GeneratorSource  # noqa: E402
 from sparkpoint.graph import StreamExecutionEnvironment  # noqa: E402
 from sparkpoint.options import JobOptions  # noqa: E402
+from sparkpoint.records import DictColumn  # noqa: E402
 from sparkpoint.runtime.driver import JobDriver  # noqa: E402
 from sparkpoint.runtime.spark import spark_session  # noqa: E402
 from sparkpoint.testing import FailureInjection, committed_files  # noqa: E402
@@ -216,6 +217,7 @@ def true_counts(events: int, apps: int) -> tuple[np.ndarray, np.ndarray]:
     names = None
     for split in range(src.splits):
         column = src.read(split, 0, src.total(split) or 0).column("app_id")
+        assert isinstance(column, DictColumn), "the generator's app ids are dictionary-coded"
         # A read of at least ``apps`` records codes every app by its index (_app_ids).
         assert len(column.values) == apps, "a split shorter than the number of apps"
         names = column.values

@@ -59,6 +59,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _fixed_key(key: bytes) -> Callable[[str], bytes]:
+    """A signer's key lookup that answers ``key`` for every job (one simulated job's)."""
+    return lambda _job_id: key
+
+
 @dataclass
 class SimulatedJob:
     """One simulated driver: its attempt, what it was told, what it saw completed."""
@@ -231,7 +236,7 @@ class Simulator:
         if secret is not None and signing is not None:
             for job_id in self.jobs:
                 key = signing.job_key(secret, job_id)
-                self._signers[job_id] = signing.Signer(lambda _, k=key: k, f"sim-{job_id}")
+                self._signers[job_id] = signing.Signer(_fixed_key(key), f"sim-{job_id}")
 
     # ------------------------------------------------------------------ protocol
 
@@ -363,7 +368,7 @@ class Simulator:
     def step(self, block_ms: int) -> None:
         due = self._timers[0][0] - now_ms() if self._timers else block_ms
         wait = max(1, min(block_ms, due))
-        response = self.client.xreadgroup(
+        response: Any = self.client.xreadgroup(
             COMMANDS_GROUP,
             CONSUMER,
             {s: ">" for s in self._stream_job},
