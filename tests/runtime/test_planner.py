@@ -170,6 +170,25 @@ def test_a_slow_function_does_not_make_the_first_epochs_outlast_the_checkpoint_t
     assert min(e.duration_ms for e in bounded[5:]) > 0.9 * TARGET_MS  # the target, not less
 
 
+def test_a_checkpoint_timeout_no_epoch_fits_in_is_named_with_one_that_does() -> None:
+    """A 50 ms timeout with epochs that cost 300 ms whatever they read (the cost model says
+    340 ms for the smallest after its first epochs): no planning keeps a
+    checkpoint within it. The console says so once, with a timeout that would do; a feasible
+    timeout says nothing of the kind, and neither does a slow first epoch alone."""
+    said: list[str] = []
+    _simulate(EpochPlanner, 10, 300.0, rate=0, checkpoint_timeout_ms=50, said=said)
+    unreachable = [s for s in said if s.startswith("checkpoints may expire")]
+    assert unreachable == [
+        "checkpoints may expire: the smallest epoch this job plans (1,000 records per split, "
+        "--min-epoch-records) takes about 340 ms here, more than 20 ms, 0.4 of the 0.05 s "
+        "checkpoint timeout; give checkpoints a --checkpoint-timeout of at least 0.9 s"
+    ]
+    for timeout_ms in (1_000, 3_000):
+        said.clear()
+        _simulate(EpochPlanner, 10, 300.0, rate=0, checkpoint_timeout_ms=timeout_ms, said=said)
+        assert not [s for s in said if s.startswith("checkpoints may expire")]
+
+
 def _records_per_s(epochs: list[Epoch]) -> float:
     return sum(e.records for e in epochs) / sum(e.duration_ms for e in epochs) * 1000
 

@@ -182,6 +182,7 @@ class EpochPlanner:
         self.max_records = max_records
         self.checkpoint_timeout_ms = checkpoint_timeout_ms
         self._said_budget = False
+        self._said_unreachable_for: float | None = None  # the timeout it was said for
         #: The bound (ms) that held the latest planned epoch below the size the job wanted
         #: (:meth:`_within_budget`); None: that epoch was not held back.
         self.held_within_ms: float | None = None
@@ -345,6 +346,8 @@ class EpochPlanner:
             return size
         within = cost.records_within(budget_ms) / len(self.split_ids)
         bounded = int(max(self.min_records, min(size, within)))
+        if within < self.min_records and cost is self.cost:
+            self._say_unreachable(budget_ms)
         if bounded < size:
             self.held_within_ms = budget_ms
         if not self._said_budget and self.say is not None:
@@ -359,6 +362,26 @@ class EpochPlanner:
                 "info",
             )
         return bounded
+
+    def _say_unreachable(self, budget_ms: float) -> None:
+        """Once: even the smallest epoch the job plans outlasts the bound (an epoch's fixed
+        cost alone does, measured, not the first epoch's start-up), so its checkpoints may
+        expire whatever the planner does; the console names the timeout that would do (again
+        when the timeout changes)."""
+        if self._said_unreachable_for == self.checkpoint_timeout_ms or self.say is None:
+            return
+        self._said_unreachable_for = self.checkpoint_timeout_ms
+        smallest_ms = self.cost.duration_ms(self.min_records * len(self.split_ids))
+        needed_s = math.ceil(smallest_ms / CHECKPOINT_TIMEOUT_SHARE / 100) / 10
+        self.say(
+            "epoch_bound_unreachable",
+            f"checkpoints may expire: the smallest epoch this job plans ({self.min_records:,} "
+            f"records per split, --min-epoch-records) takes about {smallest_ms:,.0f} ms here, "
+            f"more than {budget_ms:,.0f} ms, {CHECKPOINT_TIMEOUT_SHARE:g} of the "
+            f"{self.checkpoint_timeout_ms / 1000:g} s checkpoint timeout; give checkpoints a "
+            f"--checkpoint-timeout of at least {needed_s:g} s",
+            "warning",
+        )
 
     def will_exhaust(self, ranges: list[SplitRange]) -> bool:
         """True when reading ``ranges`` reaches the end of every (bounded) split."""
