@@ -127,7 +127,9 @@ def get_checkpoint_config(job_id: JobId, sessions: SessionsDep) -> JSONResponse:
     summary="Change the checkpoint configuration",
     description="Any of `interval`, `timeout`, `min_pause` (ms), `tolerable_failed_checkpoints`"
     " and `retained`; they apply from the next trigger. `mode` and `max_concurrent` change "
-    "only when the job (re)starts. Answers with the GET shape.",
+    "only when the job (re)starts. A `timeout` shorter than every epoch the job ran lately "
+    "is refused (400) with one that would do: a barrier rides one whole epoch. Answers with "
+    "the GET shape.",
     response_model=None,
     responses={**answer(CheckpointConfigAnswer), **errors(404, 409, 503)},
 )

@@ -287,7 +287,7 @@ class EventApplier:
 
     def _heartbeat(self, batch: Batch, rt: JobRuntime, env: p.Envelope, ev: p.Heartbeat) -> None:
         hb.received(batch, rt, self.clock.monotonic_ms())
-        rt.epoch_ends.ended(env.attempt, ev.epoch, batch.now)
+        rt.epoch_ends.ended(env.attempt, ev.epoch, batch.now, ev.duration_ms)
         batch.writer.heartbeat(
             rt.job_id,
             env.attempt,

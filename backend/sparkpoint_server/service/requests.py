@@ -7,6 +7,7 @@ complete later, and sends the job its command.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +25,7 @@ from sparkpoint.errors import (
     CheckpointNotFoundError as RuntimeCheckpointNotFound,
 )
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, StorageLocationError
+from sparkpoint.runtime.planner import CHECKPOINT_TIMEOUT_SHARE
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     max_parallelism_changed,
@@ -380,6 +382,7 @@ def update_checkpoint_config(
     plane: ControlPlane, job_id: str, changes: dict[str, int]
 ) -> dict[str, Any]:
     rt = active_runtime(plane, job_id)
+    _check_timeout_fits_an_epoch(rt, changes)
     with plane.unit() as batch:
         batch.touched.add(job_id)
         try:
@@ -392,6 +395,28 @@ def update_checkpoint_config(
         d.discard_subsumed(batch, rt)
         batch.command(job_id, rt.attempt, p.ConfigurationChanged(changes=dict(changes)))
     return stored
+
+
+def _check_timeout_fits_an_epoch(rt: JobRuntime, changes: dict[str, int]) -> None:
+    """Refuse a checkpoint timeout shorter than every epoch the job ran lately: a barrier
+    rides one whole epoch, so each checkpoint would expire and, past the tolerable failures,
+    fail the job over, again and again.
+
+    Raises:
+        InvalidRequestError: naming the shortest epoch and a timeout that would do (its
+            duration over the share of the timeout the job's planner gives an epoch).
+    """
+    timeout = changes.get("timeout_ms")
+    shortest = rt.epoch_ends.shortest_ms(rt.attempt)
+    if timeout is None or shortest is None or timeout >= shortest:
+        return
+    enough = math.ceil(shortest / CHECKPOINT_TIMEOUT_SHARE / 100) * 100
+    raise InvalidRequestError(
+        "timeout",
+        f"{timeout} ms is shorter than every epoch job {rt.job_id} ran lately "
+        f"(the shortest took {shortest:,.0f} ms): a checkpoint travels with an epoch, so every "
+        f"checkpoint would expire; give it at least {enough} ms",
+    )
 
 
 def set_restart_strategy(

@@ -20,6 +20,8 @@ __all__ = ["EpochEnds"]
 
 #: Epoch ends kept: a checkpoint's trigger is never more than a few epochs back.
 KEPT = 32
+#: Epochs of an attempt (after its first) measured before :meth:`EpochEnds.shortest_ms` tells.
+SHORTEST_AFTER = 3
 
 ADVICE = (
     "a barrier travels with an epoch (one Spark job), so an epoch that runs longer than the "
@@ -34,11 +36,22 @@ class EpochEnds:
 
     def __init__(self) -> None:
         self._ends: deque[tuple[int, int, int]] = deque(maxlen=KEPT)
+        # (attempt, duration ms) of the latest epochs that reported how long they ran.
+        self._durations: deque[tuple[int, float]] = deque(maxlen=KEPT)
 
-    def ended(self, attempt: int, epoch: int, at_ms: int) -> None:
+    def ended(self, attempt: int, epoch: int, at_ms: int, duration_ms: float | None = None) -> None:
         """Epoch ``epoch`` of ``attempt`` ended at ``at_ms`` (the clock the checkpoints'
-        trigger and failure times are on)."""
+        trigger and failure times are on), after running ``duration_ms`` if known."""
+        if duration_ms is not None and any(a == attempt for a, _, _ in self._ends):
+            self._durations.append((attempt, duration_ms))  # not an attempt's first: start-up
         self._ends.append((attempt, epoch, at_ms))
+
+    def shortest_ms(self, attempt: int, at_least: int = SHORTEST_AFTER) -> float | None:
+        """The shortest of the latest epochs of ``attempt`` (its first, which starts the
+        Python workers, left out); None until ``at_least`` of them are known. No checkpoint
+        completes in less: its barrier rides one whole epoch."""
+        mine = [d for a, d in self._durations if a == attempt]
+        return min(mine) if len(mine) >= at_least else None
 
     def why_expired(self, f: FailedCheckpoint) -> str | None:
         """How long no epoch had ended when the checkpoint ``f`` expired; None when two or

@@ -255,6 +255,31 @@ def test_configuration_changes_apply_from_the_next_trigger(harness: Harness) -> 
         harness.plane.update_checkpoint_config(harness.job_id, {"retained": 0})
 
 
+def test_a_timeout_shorter_than_every_epoch_is_refused_with_one_that_would_do(
+    harness: Harness,
+) -> None:
+    """A barrier rides one whole epoch: a timeout below the job's shortest epoch would
+    expire every checkpoint. The first epoch of an attempt (start-up) is not counted, and
+    nothing is refused before three epochs after it were measured."""
+    harness.start()
+    harness.epoch_ended(1, 0, duration_ms=2_500.0)  # start-up: left out
+    for epoch, duration in ((1, 420.0), (2, 310.0)):
+        harness.epoch_ended(1, epoch, duration_ms=duration)
+    harness.plane.update_checkpoint_config(harness.job_id, {"timeout_ms": 100})  # not known yet
+    harness.epoch_ended(1, 3, duration_ms=380.0)
+    with pytest.raises(InvalidRequestError) as err:
+        harness.plane.update_checkpoint_config(harness.job_id, {"timeout_ms": 50})
+    assert (err.value.field, str(err.value)) == (
+        "timeout",
+        f"timeout: 50 ms is shorter than every epoch job {harness.job_id} ran lately (the "
+        "shortest took 310 ms): a checkpoint travels with an epoch, so every checkpoint would "
+        "expire; give it at least 800 ms",
+    )
+    assert _job(harness).checkpoint_config["timeout_ms"] == 100  # unchanged
+    stored = harness.plane.update_checkpoint_config(harness.job_id, {"timeout_ms": 800})
+    assert stored["timeout_ms"] == 800
+
+
 def test_restart_strategy_set_while_running(harness: Harness) -> None:
     harness.start()
     conf = harness.plane.set_restart_strategy(harness.job_id, {"restart-strategy.type": "none"})
