@@ -31,7 +31,7 @@ RATE_SMOOTHING = 0.5
 #: ``make bench-recovery``). Before it, a driver's very first epoch reads only ``min_records``
 #: per split: it is mostly start-up, a checkpoint triggered while it runs is carried by the
 #: next epoch, and that next epoch is bounded by what the first one cost. A first epoch of
-#: FIRST_EPOCH_RECORDS with a slow function (50 us a record: 5 s) expired the first checkpoint
+#: FIRST_EPOCH_RECORDS with a slow function (50 us a record: 10 s) expired the first checkpoint
 #: of every driver under a 3 s checkpoint timeout.
 FIRST_EPOCH_RECORDS = 100_000
 #: The longest an epoch may run, as a share of the checkpoint timeout: a barrier travels with
@@ -190,7 +190,7 @@ class EpochPlanner:
         # cost model has an epoch, what bounds the next one by the checkpoint timeout.
         self._first_cost: EpochCostModel | None = None
         self._first = max(min_records, min(max_records, FIRST_EPOCH_RECORDS))
-        self.per_split = min_records  # the first epoch: start-up (FIRST_EPOCH_RECORDS)
+        self.per_split = min_records  # the first epoch: start-up; FIRST_EPOCH_RECORDS next
         # After a restore: the cap of the next epoch's size, growing by GROWTH per epoch.
         self._restart_cap: int | None = None
         self.cost = EpochCostModel()
