@@ -50,9 +50,10 @@ class CostlyEpochs(LocalEpochRunner):
 
 
 def _run(
-    tmp_path: Path, timeout_ms: int, rate: int = 1000, events: int = EVENTS
+    tmp_path: Path, timeout_ms: int, rate: int = 1000, events: int = EVENTS, start_up_ms: int = 0
 ) -> tuple[driver.JobDriver, dict[str, int]]:
-    """The PV job over a backlog of ``events`` on the manual clock (with ``rate`` 0: unpaced);
+    """The PV job over a backlog of ``events`` on the manual clock (with ``rate`` 0: unpaced),
+    ``start_up_ms`` passing between the driver's creation and its first epoch (Spark starting);
     its driver and each app's last committed count."""
     clock = ManualClock()
     CostlyEpochs.clock = clock
@@ -70,6 +71,7 @@ def _run(
     argv = ["--events", str(events), "--apps", str(APPS), "--rate", str(rate)]
     pv_count.build(env, [*argv, "--backlog", str(events), "--emit", "epoch", "--output", out])
     job = driver.JobDriver(env.graph, options, clock=clock, in_process=True)
+    clock.advance(start_up_ms)
     job.run()
     last: dict[str, int] = {}
     for line in line_counts(out):
@@ -110,12 +112,13 @@ def _durations(job: driver.JobDriver) -> list[float]:
 def test_a_slow_function_does_not_expire_the_first_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """50 us a record, unpaced, a 3 s timeout: the job's first epoch read FIRST_EPOCH_RECORDS
-    per split (10 s) with checkpoint 1 riding it, which expired and failed the job. Now that
-    epoch reads min_records per split and carries no checkpoint, and the next is bounded."""
+    """50 us a record, unpaced, a 3 s timeout, Spark 2 s in starting (so a checkpoint is due
+    at once): the job's first epoch read FIRST_EPOCH_RECORDS per split (10 s) with checkpoint
+    1 riding it, which expired and failed the job. Now that epoch reads min_records per split
+    and carries no checkpoint, and the next is bounded."""
     monkeypatch.setattr(driver, "LocalEpochRunner", CostlyEpochs)
     monkeypatch.setattr(CostlyEpochs, "per_record_ms", 0.05)
-    job, counts = _run(tmp_path, TIMEOUT_MS, rate=0, events=400_000)
+    job, counts = _run(tmp_path, TIMEOUT_MS, rate=0, events=400_000, start_up_ms=2_000)
 
     assert not job.memory.of_type(p.CheckpointAborted)
     assert not job.memory.of_type(p.JobRestored)
