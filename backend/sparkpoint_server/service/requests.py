@@ -7,7 +7,6 @@ complete later, and sends the job its command.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,7 +24,7 @@ from sparkpoint.errors import (
     CheckpointNotFoundError as RuntimeCheckpointNotFound,
 )
 from sparkpoint.errors import ConfigurationError, CorruptSnapshotError, StorageLocationError
-from sparkpoint.runtime.planner import CHECKPOINT_TIMEOUT_SHARE
+from sparkpoint.runtime.planner import timeout_fitting
 from sparkpoint.runtime.recovery import (
     RestorePoint,
     max_parallelism_changed,
@@ -410,12 +409,11 @@ def _check_timeout_fits_an_epoch(rt: JobRuntime, changes: dict[str, int]) -> Non
     shortest = rt.epoch_ends.shortest_ms(rt.attempt)
     if timeout is None or shortest is None or timeout >= shortest:
         return
-    enough = math.ceil(shortest / CHECKPOINT_TIMEOUT_SHARE / 100) * 100
     raise InvalidRequestError(
         "timeout",
         f"{timeout} ms is shorter than every epoch job {rt.job_id} ran lately "
         f"(the shortest took {shortest:,.0f} ms): a checkpoint travels with an epoch, so every "
-        f"checkpoint would expire; give it at least {enough} ms",
+        f"checkpoint would expire; give it at least {timeout_fitting(shortest)} ms",
     )
 
 

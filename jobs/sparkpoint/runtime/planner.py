@@ -45,6 +45,13 @@ CHECKPOINT_TIMEOUT_SHARE = 0.4
 ASK_AGAIN_MS = 1_000
 
 
+def timeout_fitting(epoch_ms: float) -> int:
+    """The shortest checkpoint timeout (ms, rounded up to 100 ms) whose
+    :data:`CHECKPOINT_TIMEOUT_SHARE` holds an epoch of ``epoch_ms``: what the console and the
+    control plane name when a timeout is too short for the job's epochs."""
+    return math.ceil(epoch_ms / CHECKPOINT_TIMEOUT_SHARE / 100) * 100
+
+
 class CombinedSplits(Source):
     """Several sources' splits as one source's, in order, for the planner: split ``i`` of the
     whole is split ``i - offset`` of the source it falls in; ids are the job's
@@ -372,14 +379,13 @@ class EpochPlanner:
             return
         self._said_unreachable_for = self.checkpoint_timeout_ms
         smallest_ms = self.cost.duration_ms(self.min_records * len(self.split_ids))
-        needed_s = math.ceil(smallest_ms / CHECKPOINT_TIMEOUT_SHARE / 100) / 10
         self.say(
             "epoch_bound_unreachable",
             f"checkpoints may expire: the smallest epoch this job plans ({self.min_records:,} "
             f"records per split, --min-epoch-records) takes about {smallest_ms:,.0f} ms here, "
             f"more than {budget_ms:,.0f} ms, {CHECKPOINT_TIMEOUT_SHARE:g} of the "
             f"{self.checkpoint_timeout_ms / 1000:g} s checkpoint timeout; give checkpoints a "
-            f"--checkpoint-timeout of at least {needed_s:g} s",
+            f"--checkpoint-timeout of at least {timeout_fitting(smallest_ms) / 1000:g} s",
             "warning",
         )
 
