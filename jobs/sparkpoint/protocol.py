@@ -139,6 +139,11 @@ class JobRegistered(_Model):
     # What the job's sources and sinks guarantee end to end; None: an older driver that does
     # not say (the API shows it as unknown).
     guarantee: GuaranteeModel | None = None
+    # This driver runs each attempt's first epoch as soon as the attempt starts (with no
+    # record when the sources have none) and ends it with a ``heartbeat``: until then the
+    # control plane triggers no periodic checkpoint of the attempt, whose barrier would wait
+    # out Spark's start-up (Flink triggers once all tasks run). False: an older driver.
+    first_epoch_heartbeat: bool = False
 
     @model_validator(mode="after")
     def _bounded_graph(self) -> JobRegistered:

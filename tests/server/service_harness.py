@@ -123,9 +123,11 @@ class Harness:
         heartbeat_interval_ms: int | None = None,
         previous_failure: str | None = None,
         vertices: list[p.VertexModel] = VERTICES,
+        first_epoch_heartbeat: bool = False,
         **config: Any,
     ) -> None:
-        """``job_registered``; ``heartbeat_interval_ms``: a driver that sends heartbeats."""
+        """``job_registered``; ``heartbeat_interval_ms``: a driver that sends heartbeats;
+        ``first_epoch_heartbeat``: one that ends each attempt's first epoch with one."""
         conf = self.config(**config)
         self.send(
             0,
@@ -137,6 +139,7 @@ class Harness:
                 incarnation=incarnation,
                 heartbeat_interval_ms=heartbeat_interval_ms,
                 previous_failure=previous_failure,
+                first_epoch_heartbeat=first_epoch_heartbeat,
             ),
         )
 

@@ -163,6 +163,9 @@ class JobRuntime:
     uncommitted: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     heartbeat: DriverHeartbeatMonitor | None = None  # None: no driver is watched
     epoch_ends: EpochEnds = field(default_factory=EpochEnds)  # why a checkpoint expired
+    # Its driver ends each attempt's first epoch with a heartbeat (``first_epoch_heartbeat``
+    # of its registration): periodic checkpoints wait for it (:attr:`tasks_running`).
+    first_epoch_heartbeat: bool = False
     driver_lost: bool = False  # its driver's silence failed it over; no driver registered since
     finalizing: dict[int, Finalizing] = field(default_factory=dict)  # checkpoint id -> write
     # Rebuilt from rows of a checkpoint every subtask acknowledged whose completion was not
@@ -189,6 +192,16 @@ class JobRuntime:
         if self._tasks is None or self._tasks[0] is not self.graph:
             self._tasks = (self.graph, tasks_of(self.graph))
         return self._tasks[1]
+
+    @property
+    def tasks_running(self) -> bool:
+        """Whether the attempt's tasks run, so that a periodic checkpoint may be triggered
+        (Flink triggers none before: ``NOT_ALL_REQUIRED_TASKS_RUNNING``). On Spark a task
+        runs within an epoch, and the first epoch of an attempt starts Spark's Python
+        workers, possibly executors: a barrier triggered meanwhile would wait that out and
+        could expire. Known from the attempt's first heartbeat, for a driver that runs its
+        first epoch at once; always True for one that does not say."""
+        return not self.first_epoch_heartbeat or self.epoch_ends.any_of(self.attempt)
 
     def can_become(self, status: JobStatus) -> bool:
         return status == self.status or status in TRANSITIONS[self.status]

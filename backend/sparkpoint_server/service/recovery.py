@@ -42,6 +42,7 @@ from sparkpoint_server.coordination.job import (
 from sparkpoint_server.storage.models import (
     Checkpoint,
     CheckpointSubtask,
+    Heartbeat,
     Job,
     JobException,
     JobStatusChange,
@@ -191,6 +192,7 @@ def load_job(session: Session, job: Job, clock: Clock, checkpoint_dir: str) -> J
         rt.final_requested = rt.final_waiting = True
     rt.restart_due_at, rt.restart_cause = job.restart_due_at, job.restart_cause
     _watch_driver(session, job, rt, clock)
+    _first_epoch(session, job, rt)
     _requests(session, rt)
     _replay_restart_strategy(session, rt)
     return rt
@@ -309,6 +311,20 @@ def _watch_driver(session: Session, job: Job, rt: JobRuntime, clock: Clock) -> N
         last_at=job.last_driver_heartbeat,
         watching_since=clock.now_ms(),
     )
+
+
+def _first_epoch(session: Session, job: Job, rt: JobRuntime) -> None:
+    """Whether the attempt's first epoch ended (its periodic checkpoints wait for it): the
+    latest epoch of the attempt is known again, from its heartbeat's row."""
+    rt.first_epoch_heartbeat = bool(job.first_epoch_heartbeat)
+    latest = session.execute(
+        select(Heartbeat.epoch, Heartbeat.timestamp)
+        .where(Heartbeat.job_id == job.job_id, Heartbeat.attempt == job.attempt)
+        .order_by(Heartbeat.epoch.desc())
+        .limit(1)
+    ).first()
+    if latest is not None:
+        rt.epoch_ends.ended(job.attempt, latest.epoch, latest.timestamp)
 
 
 def _replay_restart_strategy(session: Session, rt: JobRuntime) -> None:

@@ -228,6 +228,8 @@ class Registrations:
             )
 
     def _watch(self, batch: Batch, rt: JobRuntime, ev: p.JobRegistered) -> None:
+        """Watch the registering driver's heartbeats, and its first epochs' (periodic
+        checkpoints of an attempt wait for its first, when the driver sends one)."""
         interval = ev.heartbeat_interval_ms
         if interval is not None and 2 * interval > self.heartbeat_timeout_ms:
             log.warning(
@@ -239,6 +241,8 @@ class Registrations:
                 self.heartbeat_timeout_ms,
             )
         hb.watch(batch, rt, interval, self.clock.monotonic_ms())
+        rt.first_epoch_heartbeat = ev.first_epoch_heartbeat
+        batch.writer.job(rt.job_id, first_epoch_heartbeat=ev.first_epoch_heartbeat)
 
     def _new_job(self, batch: Batch, env: p.Envelope, ev: p.JobRegistered) -> None:
         graph = _graph_of(ev)

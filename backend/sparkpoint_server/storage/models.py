@@ -96,6 +96,9 @@ class Job(Base):
     # announced (None: a driver that sends no ``driver_heartbeat``, not watched) and when the
     # last one arrived (the control plane's clock).
     heartbeat_interval: Mapped[int | None] = mapped_column(Integer)
+    # Its driver ends each attempt's first epoch with a heartbeat: periodic checkpoints of
+    # an attempt wait for one (``JobRuntime.tasks_running``).
+    first_epoch_heartbeat: Mapped[bool] = mapped_column(Boolean, default=False)
     last_driver_heartbeat: Mapped[int | None] = mapped_column(BigInteger)
     # The end-to-end guarantee the latest registration reported (``exactly_once``,
     # ``at_least_once``, ``at_most_once``) and why when it is weaker; None: a driver that

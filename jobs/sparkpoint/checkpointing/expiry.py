@@ -42,9 +42,13 @@ class EpochEnds:
     def ended(self, attempt: int, epoch: int, at_ms: int, duration_ms: float | None = None) -> None:
         """Epoch ``epoch`` of ``attempt`` ended at ``at_ms`` (the clock the checkpoints'
         trigger and failure times are on), after running ``duration_ms`` if known."""
-        if duration_ms is not None and any(a == attempt for a, _, _ in self._ends):
+        if duration_ms is not None and self.any_of(attempt):
             self._durations.append((attempt, duration_ms))  # not an attempt's first: start-up
         self._ends.append((attempt, epoch, at_ms))
+
+    def any_of(self, attempt: int) -> bool:
+        """Whether an epoch of ``attempt`` ended (its tasks ran)."""
+        return any(a == attempt for a, _, _ in self._ends)
 
     def shortest_ms(self, attempt: int, at_least: int = SHORTEST_AFTER) -> float | None:
         """The shortest of the latest epochs of ``attempt`` (its first, which starts the

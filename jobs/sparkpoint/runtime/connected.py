@@ -85,6 +85,7 @@ class ControlPlaneAuthority(Authority):
         self._running: QueuedBarrier | None = None  # the barrier of the epoch running now
         self._awaiting_decision = False  # after task_failed: until restore or cancel
         self._region: tuple[Region, int] | None = None  # a region failure reported, its epoch
+        self._epoch_attempt = 0  # the attempt of the last epoch that ran
         self._reader = EpochCommandReader(link.channel, self._obey_while_running)
         self._silence = Silence(job)
 
@@ -122,6 +123,7 @@ class ControlPlaneAuthority(Authority):
                     update={
                         "heartbeat_interval_ms": link.heartbeat_interval_ms if announce else None,
                         "previous_failure": link.previous_failure,
+                        "first_epoch_heartbeat": True,
                     }
                 )
             )
@@ -174,7 +176,7 @@ class ControlPlaneAuthority(Authority):
                     self._obey(channel.read(block_ms=WAIT_MS))
                     continue
                 ranges, queued = epoch
-                self._running = queued
+                self._running, self._epoch_attempt = queued, self.job.attempt
                 outcome = self.job.run_epoch(
                     runner, ranges, queued.barrier if queued else None, self
                 )
@@ -241,7 +243,9 @@ class ControlPlaneAuthority(Authority):
         The oldest queued barrier goes into the next epoch (a final one, or a
         stop-with-savepoint one, after its last record). An epoch that would end the input
         with no barrier left to carry asks for the final checkpoint (``end_of_input``) and
-        waits for it instead.
+        waits for it instead. An attempt's first epoch runs at once, with no record if the
+        sources have none: its heartbeat tells the control plane that the attempt's tasks
+        run, and periodic checkpoints start (``JobRegistered.first_epoch_heartbeat``).
         """
         if self._awaiting_decision or not self._checkpoints.may_run_epoch:
             return None
@@ -255,7 +259,9 @@ class ControlPlaneAuthority(Authority):
             if self._checkpoints.ask_end_of_input():
                 self.job.publish(p.EndOfInput(epoch=self.job.epoch))
             return None
-        return (ranges, None) if holds_records(ranges) else None  # idle: commands first
+        first = self._epoch_attempt != self.job.attempt
+        # idle: commands first
+        return (ranges, None) if first or holds_records(ranges) else None
 
     # ------------------------------------------------------------------ EpochListener
     def before_acks(self) -> None:
