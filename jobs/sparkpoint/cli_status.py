@@ -186,6 +186,11 @@ def _liveness(job: dict[str, Any], now: int) -> list[str]:
             bound = throughput["epoch-bound"] / 1000
             line += f", held within {bound:g} s by the checkpoint timeout"
     lines = [line]
+    if job.get("state") == "RUNNING" and driver.get("first-epoch-ended") is False:
+        lines.append(
+            f"attempt {job['attempt']}'s first epoch (Spark's start-up) has not ended: "
+            "periodic checkpoints start when it has"
+        )
     if driver.get("heartbeat-interval"):
         lines.append(
             f"driver heartbeat: every {format_duration(driver['heartbeat-interval'])}, latest "

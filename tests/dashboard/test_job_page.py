@@ -422,7 +422,7 @@ def test_the_checkpoint_card_says_how_long_ago_the_last_one_completed() -> None:
         "latest": {"completed": done, "failed": _checkpoint(9, "FAILED")},
         "history": [done],
     }
-    card = checkpoints_card(answer, T0 + 125_000)
+    card = checkpoints_card(answer, T0 + 125_000, JOB)
     assert texts(card) == ["Last checkpoint", "25.0 s ago", "#11 · 11 completed"]
 
 
@@ -437,7 +437,7 @@ def test_checkpoints_failing_since_the_last_completed_show_how_many_and_why_in_r
         "latest": {"completed": done, "failed": failed[0]},
         "history": [_checkpoint(15, "IN_PROGRESS"), *failed, done],
     }
-    card = checkpoints_card(answer, T0 + 125_000)
+    card = checkpoints_card(answer, T0 + 125_000, JOB)
     assert texts(card) == ["Last checkpoint", "25.0 s ago", f"3 failed since #11; latest: {why}"]
     (span,) = [c for c in card._traverse() if getattr(c, "className", None) == "stat-detail-failed"]
     assert span.title == f"3 failed since #11; latest: {why}"
@@ -445,7 +445,7 @@ def test_checkpoints_failing_since_the_last_completed_show_how_many_and_why_in_r
     many = [_checkpoint(n, "FAILED", failure_message=why) for n in range(500, 400, -1)]
     assert len(many) == page.CHECKPOINTS_LIMIT
     full = {**answer, "history": many}
-    assert texts(checkpoints_card(full, T0 + 125_000))[2].startswith("100+ failed since #11")
+    assert texts(checkpoints_card(full, T0 + 125_000, JOB))[2].startswith("100+ failed since #11")
 
 
 def test_failed_savepoints_and_checkpoints_the_job_aborted_itself_are_no_alarm() -> None:
@@ -460,12 +460,12 @@ def test_failed_savepoints_and_checkpoints_the_job_aborted_itself_are_no_alarm()
             done,
         ],
     }
-    assert texts(checkpoints_card(answer, T0 + 125_000))[2] == "#11 · 11 completed"
+    assert texts(checkpoints_card(answer, T0 + 125_000, JOB))[2] == "#11 · 11 completed"
 
 
 def test_the_checkpoint_card_of_a_job_with_none_completed_or_no_answer() -> None:
     none = {"counts": {"completed": 0}, "latest": {"completed": None, "failed": None}}
-    assert texts(checkpoints_card(none, T0)) == [
+    assert texts(checkpoints_card(none, T0, JOB)) == [
         "Last checkpoint",
         "none yet",
         "none completed",
@@ -476,8 +476,22 @@ def test_the_checkpoint_card_of_a_job_with_none_completed_or_no_answer() -> None
         "latest": {"completed": None, "failed": _checkpoint(1, "FAILED", failure_message=long)},
         "history": [_checkpoint(1, "FAILED", failure_message=long)],
     }
-    shown = texts(checkpoints_card(failing, T0))
+    shown = texts(checkpoints_card(failing, T0, JOB))
     assert shown[:2] == ["Last checkpoint", "none yet"]
     assert shown[2].startswith("1 failed (none completed); latest: xxx")
     assert len(shown[2]) == CAUSE_CHARS
-    assert texts(checkpoints_card(None, T0)) == ["Last checkpoint", DASH, "not read"]
+    assert texts(checkpoints_card(None, T0, JOB)) == ["Last checkpoint", DASH, "not read"]
+
+
+def test_the_checkpoint_card_says_periodic_checkpoints_wait_for_the_first_epoch() -> None:
+    none = {"counts": {"completed": 0}, "latest": {"completed": None, "failed": None}}
+    starting = {**JOB, "state": "RUNNING", "driver": {"first-epoch-ended": False}}
+    assert texts(checkpoints_card(none, T0, starting))[2] == (
+        "none completed · periodic ones wait for the attempt's first epoch to end"
+    )
+    for job in (
+        {**starting, "driver": {"first-epoch-ended": True}},
+        {**starting, "driver": {"first-epoch-ended": None}},  # a driver that does not say
+        {**starting, "state": "RESTARTING"},
+    ):
+        assert texts(checkpoints_card(none, T0, job))[2] == "none completed"

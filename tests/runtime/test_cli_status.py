@@ -227,3 +227,15 @@ def test_an_epoch_held_back_by_the_checkpoint_timeout_says_so() -> None:
     }
     line = status_lines(_shown(state="RUNNING", throughput=throughput))[2]
     assert line.endswith("(1,000 ms ago), held within 1.2 s by the checkpoint timeout"), line
+
+
+def test_a_first_epoch_that_has_not_ended_says_that_periodic_checkpoints_wait_for_it() -> None:
+    driver = {"heartbeat-interval": 2000, "last-heartbeat": NOW - 500}
+    starting = _shown(state="RUNNING", driver={**driver, "first-epoch-ended": False})
+    assert (
+        "attempt 3's first epoch (Spark's start-up) has not ended: periodic checkpoints start "
+        "when it has"
+    ) in status_lines(starting)
+    for ended in (True, None):
+        shown = _shown(state="RUNNING", driver={**driver, "first-epoch-ended": ended})
+        assert not any("first epoch" in line for line in status_lines(shown))

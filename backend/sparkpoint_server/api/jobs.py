@@ -108,7 +108,10 @@ router.add_route("/jobs/overview", _overview_is_not_a_job, ["PATCH"], include_in
     "Spark's `remove-reason`; null from a driver that does not report them). "
     "`guarantee`: the end-to-end delivery guarantee its sources and sinks give "
     "(`exactly_once`, `at_least_once`, `at_most_once`) with the `reason` when it is weaker, "
-    "null when the driver did not report one.",
+    "null when the driver did not report one. `driver`: its `heartbeat-interval` and "
+    "`last-heartbeat` (null: a driver that sends none), and `first-epoch-ended`: whether the "
+    "current attempt's first epoch (Spark's start-up) ended; periodic checkpoints wait for it, "
+    "as Flink's wait for all tasks to run (null: a driver that does not report it).",
     response_model=None,
     responses={**answer(JobDetails), **errors(404)},
 )

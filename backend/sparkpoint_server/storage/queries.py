@@ -198,9 +198,19 @@ def job_details(session: Session, job_id: str, now_ms: int) -> dict[str, Any]:
         "driver": {
             "heartbeat-interval": job.heartbeat_interval,
             "last-heartbeat": job.last_driver_heartbeat,
+            "first-epoch-ended": _first_epoch_ended(session, job),
         },
         "guarantee": _guarantee(job.guarantee_level, job.guarantee_reason),
     }
+
+
+def _first_epoch_ended(session: Session, job: Any) -> bool | None:
+    """Whether the current attempt's first epoch ended: its periodic checkpoints wait for it
+    (``JobRuntime.tasks_running``). None: a driver that does not say it reports that epoch."""
+    if not job.first_epoch_heartbeat:
+        return None
+    ended = select(H.epoch).where(H.job_id == job.job_id, H.attempt == job.attempt).limit(1)
+    return session.execute(ended).first() is not None
 
 
 def job_times(start: int, end: int | None, now_ms: int) -> dict[str, int]:

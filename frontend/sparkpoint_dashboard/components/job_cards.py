@@ -120,12 +120,13 @@ def heartbeat_card(job: dict[str, Any], now: int, epoch: int | None) -> html.Div
     return stat("Last heartbeat", fmt_age(now, alive), f"{clock(alive)} · {last_epoch}")
 
 
-def checkpoints_card(answer: Any, now: int) -> html.Div:
+def checkpoints_card(answer: Any, now: int, job: dict[str, Any]) -> html.Div:
     """Whether checkpoints complete, from ``GET /jobs/{id}/checkpoints``: the latest completed
     one's age and id; when periodic checkpoints failed since, how many and why (the newest
     one's message), in red: what the checkpoints page says, on the page a job opens at. A failed
     savepoint, or a checkpoint that the job's own cancel, failover or restore aborted, is no
-    sign that checkpoints stopped completing and is not counted."""
+    sign that checkpoints stopped completing and is not counted. While the running attempt's
+    first epoch has not ended (``job``'s ``driver``), periodic checkpoints wait: it says so."""
     if not isinstance(answer, dict):
         return stat("Last checkpoint", DASH, "not read")
     done = (answer.get("latest") or {}).get("completed")
@@ -136,6 +137,8 @@ def checkpoints_card(answer: Any, now: int) -> html.Div:
     if not since:
         completed = (answer.get("counts") or {}).get("completed", 0)
         detail = f"#{done_id} · {fmt_count(completed)} completed" if done else "none completed"
+        if _first_epoch_runs(job):
+            detail = f"{detail} · periodic ones wait for the attempt's first epoch to end"
         return stat("Last checkpoint", value, detail)
     # A full page of history that does not reach the last completed one: there were more.
     more = "+" if len(history) >= CHECKPOINTS_LIMIT and int(history[-1]["id"]) > done_id else ""
@@ -145,6 +148,12 @@ def checkpoints_card(answer: Any, now: int) -> html.Div:
     shown = cause if len(cause) <= CAUSE_CHARS else cause[: CAUSE_CHARS - 1] + "…"
     failing = html.Span(shown, title=cause, className="stat-detail-failed")
     return stat("Last checkpoint", value, failing)
+
+
+def _first_epoch_runs(job: dict[str, Any]) -> bool:
+    """The running attempt's first epoch (Spark's start-up) has not ended."""
+    ended = (job.get("driver") or {}).get("first-epoch-ended")
+    return job.get("state") == "RUNNING" and ended is False
 
 
 def _stopped_completing(checkpoint: dict[str, Any]) -> bool:

@@ -343,7 +343,10 @@ def register(app: Dash, client: ApiClient) -> None:
         checkpoints, _error = fetch(lambda: client.checkpoints(job_id, CHECKPOINTS_LIMIT, token))
         bands = status_bands(job)
         return (
-            [*job_cards(job, samples), checkpoints_card(checkpoints, int(job.get("now") or 0))],
+            [
+                *job_cards(job, samples),
+                checkpoints_card(checkpoints, int(job.get("now") or 0), job),
+            ],
             status_figure(bands),
             status_rows(bands),
             throughput_figure(samples, restart_marks(job)),

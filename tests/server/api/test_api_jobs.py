@@ -192,7 +192,11 @@ def test_job_details_have_flinks_fields_and_the_status_history(client: TestClien
             "application-id": "app-20231114221320-0007",
             "executors": None,  # its driver listed none
         },
-        "driver": {"heartbeat-interval": 10_000, "last-heartbeat": T0 + 61_000},
+        "driver": {
+            "heartbeat-interval": 10_000,
+            "last-heartbeat": T0 + 61_000,
+            "first-epoch-ended": None,  # its driver does not report it
+        },
         "guarantee": None,  # its driver reported none
     }
 
@@ -204,7 +208,11 @@ def test_a_job_whose_driver_named_no_spark_application_has_null_spark_fields(
     body = client.get("/jobs/old").json()
 
     assert body["spark"] == {"ui-url": None, "application-id": None, "executors": None}
-    assert body["driver"] == {"heartbeat-interval": None, "last-heartbeat": None}
+    assert body["driver"] == {
+        "heartbeat-interval": None,
+        "last-heartbeat": None,
+        "first-epoch-ended": None,
+    }
 
 
 def test_job_reads_of_an_unknown_job_are_404(client: TestClient) -> None:

@@ -51,3 +51,19 @@ def test_the_latest_epochs_bound_by_the_checkpoint_timeout_is_the_jobs(
     assert client.get(f"/jobs/{harness.job_id}").json()["throughput"]["epoch-bound"] == 1200.0
     harness.epoch_ended(1, 1)  # caught up: not held back
     assert client.get(f"/jobs/{harness.job_id}").json()["throughput"]["epoch-bound"] is None
+
+
+def test_whether_the_attempts_first_epoch_ended_is_the_drivers(
+    harness: Harness, make_client: AppFactory
+) -> None:
+    """Periodic checkpoints wait for it: the API says why none was triggered yet."""
+    harness.register(first_epoch_heartbeat=True)
+    harness.running(1)
+    client: TestClient = make_client()
+
+    def ended() -> bool | None:
+        return client.get(f"/jobs/{harness.job_id}").json()["driver"]["first-epoch-ended"]
+
+    assert ended() is False
+    harness.epoch_ended(1, 0)
+    assert ended() is True
