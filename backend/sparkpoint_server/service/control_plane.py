@@ -380,8 +380,10 @@ class ControlPlane:
             return False
         overdue = any(now >= pc.deadline_monotonic_ms() for pc in rt.coordinator.pending.values())
         stopping = rt.stop_checkpoint is not None or rt.final_requested
-        queued = bool(rt.queued_checkpoints) and (
-            rt.coordinator.pending_count < rt.coordinator.config.max_concurrent
+        queued = (
+            bool(rt.queued_checkpoints)
+            and rt.tasks_running
+            and rt.coordinator.pending_count < rt.coordinator.config.max_concurrent
         )
         if overdue or final.due(rt):
             return True

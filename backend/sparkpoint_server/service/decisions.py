@@ -140,8 +140,9 @@ MAX_QUEUED_CHECKPOINTS = 100
 
 
 def queue_checkpoint(batch: Batch, rt: JobRuntime, request_id: str, refused: str) -> None:
-    """Queue a manual checkpoint request that ``max_concurrent`` refused (``refused`` says
-    why): it is triggered, ahead of periodic checkpoints, once a slot is free.
+    """Queue a manual checkpoint request that ``max_concurrent`` refused, or that came
+    before the attempt's first epoch ended (``refused`` says why): it is triggered, ahead of
+    periodic checkpoints, once a slot is free and the attempt's tasks run.
 
     Raises:
         CheckpointTriggerError: when :data:`MAX_QUEUED_CHECKPOINTS` requests wait already.
@@ -158,8 +159,11 @@ def queue_checkpoint(batch: Batch, rt: JobRuntime, request_id: str, refused: str
 
 
 def trigger_queued(batch: Batch, rt: JobRuntime) -> bool:
-    """Trigger the oldest queued manual checkpoint request if a slot is free."""
+    """Trigger the oldest queued manual checkpoint request if a slot is free and the
+    attempt's tasks run."""
     if not rt.queued_checkpoints or rt.status is not p.JobStatus.RUNNING:
+        return False
+    if not rt.tasks_running:
         return False
     if rt.coordinator.pending_count >= rt.coordinator.config.max_concurrent:
         return False

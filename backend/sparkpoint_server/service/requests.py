@@ -204,6 +204,14 @@ def _trigger(
         batch.touched.add(job_id)
         params: dict[str, Any] = {"target-directory": target, "cancel-job": cancel_job}
         request_id = _new_operation(batch, rt, op, **params)
+        if kind is p.CheckpointKind.CHECKPOINT and not rt.tasks_running:
+            # Its barrier would wait out the start-up and could expire: queued until it ended.
+            starting = f"attempt {rt.attempt}'s first epoch (Spark's start-up) has not ended"
+            try:
+                d.queue_checkpoint(batch, rt, request_id, starting)
+            except CheckpointTriggerError as full:
+                raise ConflictError(str(full)) from full
+            return request_id
         try:
             pending = d.trigger(
                 batch, rt, kind, target_directory=target, request_id=request_id, stop=stop

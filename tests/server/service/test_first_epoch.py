@@ -12,6 +12,7 @@ from __future__ import annotations
 from service_harness import NO_DELAY, Harness
 
 from sparkpoint import protocol as p
+from sparkpoint_server.storage.models import Operation
 
 
 def _triggers(h: Harness) -> list[int]:
@@ -47,10 +48,34 @@ def test_periodic_checkpoints_start_when_the_first_epoch_of_the_attempt_ended(
     assert _triggers(harness) == [2]
 
 
-def test_a_manual_checkpoint_is_not_held(harness: Harness) -> None:
-    """Asked for by a user, it is triggered and rides the epoch after the first."""
+def test_a_manual_checkpoint_waits_in_the_queue_and_a_savepoint_is_triggered(
+    harness: Harness,
+) -> None:
+    """A manual checkpoint would count against the tolerable failures if it expired: it is
+    queued (its request IN_PROGRESS), as when max concurrent checkpoints are pending, and
+    triggered ahead of periodic ones. A savepoint, whose failure fails no job, is triggered
+    at once and rides the epoch after the first."""
     _start(harness)
-    harness.plane.trigger_checkpoint(harness.job_id)
+    request = harness.plane.trigger_checkpoint(harness.job_id)
+    harness.tick(0)
+    assert _triggers(harness) == []
+    with harness.sessions() as s:
+        op = s.get(Operation, request)
+        assert op is not None and op.status == "IN_PROGRESS"
+    harness.new_control_plane()  # the queue survives a restart of the control plane
+    harness.epoch_ended(1, 0)
+    harness.tick(0)
+    assert _triggers(harness) == [1]
+    with harness.sessions() as s:
+        op = s.get(Operation, request)
+        assert op is not None and op.checkpoint_id == 1
+    harness.plane.trigger_savepoint(harness.job_id, None, cancel_job=False)
+    assert _triggers(harness) == [2]
+
+
+def test_a_savepoint_is_not_held(harness: Harness) -> None:
+    _start(harness)
+    harness.plane.trigger_savepoint(harness.job_id, None, cancel_job=False)
     assert _triggers(harness) == [1]
 
 
