@@ -16,6 +16,9 @@ from sparkpoint.checkpointing.restart import parse_duration_ms
 from sparkpoint.errors import ConfigurationError
 from sparkpoint.protocol import CheckpointingMode
 
+#: The control plane's stream prefix, as ``sparkpoint server`` reads it (its settings).
+STREAM_PREFIX_ENV = "SPARKPOINT_STREAM_PREFIX"
+
 USAGE = "sparkpoint run JOB.py [PRODUCT OPTIONS] [JOB OPTIONS]"
 
 DESCRIPTION = (
@@ -296,7 +299,11 @@ def product_parser() -> argparse.ArgumentParser:
         "server` writes in its data directory)",
     )
     connected.add_argument(
-        "--stream-prefix", default="sparkpoint", help="the control plane's stream prefix"
+        "--stream-prefix",
+        # What `sparkpoint server` reads: one setting in a shell runs both alike.
+        default=os.environ.get(STREAM_PREFIX_ENV) or "sparkpoint",
+        help=f"the control plane's stream prefix (default: ${STREAM_PREFIX_ENV}, as `sparkpoint "
+        "server` reads it, else sparkpoint)",
     )
     connected.add_argument(
         "--control-plane-timeout",

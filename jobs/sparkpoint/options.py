@@ -360,7 +360,8 @@ def _redis_url(ns: argparse.Namespace) -> str:
     ``--redis-url``, else ``REDIS_URL``, else the file ``sparkpoint server`` writes."""
     if not ns.stream_prefix.strip() or any(c.isspace() for c in ns.stream_prefix):
         raise ConfigurationError(
-            f"--stream-prefix must be a non-empty name without spaces, got {ns.stream_prefix!r}"
+            "--stream-prefix (by default SPARKPOINT_STREAM_PREFIX) must be a non-empty name "
+            f"without spaces, got {ns.stream_prefix!r}"
         )
     if ns.control_plane_timeout <= 0:
         raise ConfigurationError(

@@ -62,11 +62,29 @@ def test_the_redis_url_comes_from_the_option_the_environment_or_the_servers_file
     assert JobOptions().control_plane_timeout_ms == 60_000
 
 
+def test_the_stream_prefix_is_the_servers_by_default(
+    no_redis: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sparkpoint server`` reads SPARKPOINT_STREAM_PREFIX: a job run from the same shell
+    talks to it without saying the prefix again (it waited for an answer on the wrong
+    streams and failed after the control-plane timeout)."""
+    url = ("--redis-url", "redis://127.0.0.1:6379/0")
+    assert parse_job_options([*url])[0].stream_prefix == "sparkpoint"
+    monkeypatch.setenv("SPARKPOINT_STREAM_PREFIX", "team-b")
+    assert parse_job_options([*url])[0].stream_prefix == "team-b"
+    assert parse_job_options([*url, "--stream-prefix", "team-a"])[0].stream_prefix == "team-a"
+    # The server's prefix in the environment is no choice of a standalone job's user.
+    assert parse_job_options(["--standalone"])[0].standalone
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--control-plane-timeout", "0"], "--control-plane-timeout must be > 0 seconds"),
-        (["--stream-prefix", "a b"], "--stream-prefix must be a non-empty name without spaces"),
+        (
+            ["--stream-prefix", "a b"],
+            r"--stream-prefix \(by default SPARKPOINT_STREAM_PREFIX\) must",
+        ),
     ],
 )
 def test_invalid_connected_options_name_the_option(argv: list[str], message: str) -> None:
