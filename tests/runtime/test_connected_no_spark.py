@@ -26,6 +26,7 @@ from sparkpoint.runtime.connected import ControlPlaneAuthority
 from sparkpoint.runtime.driver import JobDriver
 from sparkpoint.runtime.epochs import EpochRunner, unacknowledged
 from sparkpoint.runtime.heartbeats import heartbeat_interval_ms, previous_failure
+from sparkpoint.runtime.planner import holds_records
 from sparkpoint.signing import JOB_KEY_ENV, Signer
 from sparkpoint.transport import FIELD, Streams, send_command
 
@@ -46,8 +47,8 @@ def _events(client: redis.Redis, streams: Streams) -> list[tuple[p.Envelope, Any
     return [p.decode(f[FIELD]) for _, f in client.xrange(streams.events)]
 
 
-def _driver(streams: Streams, tmp_path: Path) -> JobDriver:
-    """A connected PV job's driver (Spark is never started)."""
+def _driver(streams: Streams, tmp_path: Path, *job_args: str) -> JobDriver:
+    """A connected PV job's driver (Spark is never started); ``job_args``: the job's own."""
     options = JobOptions(
         job_id=f"hb-{uuid.uuid4().hex[:8]}",
         standalone=False,
@@ -58,7 +59,7 @@ def _driver(streams: Streams, tmp_path: Path) -> JobDriver:
         local_dir=str(tmp_path / "local"),
     )
     env = StreamExecutionEnvironment(options)
-    pv_count.build(env, ["--events", "10", "--output", str(tmp_path / "out")])
+    pv_count.build(env, ["--events", "10", "--output", str(tmp_path / "out"), *job_args])
     return JobDriver(env.graph, options)
 
 
@@ -223,3 +224,29 @@ def test_a_driver_whose_first_restore_is_a_later_attempt_took_over_the_job(
     driver.authority.close()
     assert driver.job.attempt == attempt
     assert driver.console.took_over_at == took_over_at
+
+
+def test_an_attempts_first_epoch_runs_at_once_even_with_nothing_to_read(
+    client: redis.Redis, streams: Streams, tmp_path: Path
+) -> None:
+    """Its heartbeat tells the control plane that the attempt's tasks run (the registration
+    says it comes): periodic checkpoints wait for it, so an idle job that ran no epoch until
+    a barrier came would never be checkpointed. After it, an idle job waits for commands."""
+    idle = ("--source-redis", REDIS_URL, "--redis-stream", f"idle-{uuid.uuid4().hex[:8]}")
+    driver = _driver(streams, tmp_path, *idle)
+    starting = _registered(driver, client, streams)
+    [registered] = [ev for _, ev in _events(client, streams) if isinstance(ev, p.JobRegistered)]
+    assert registered.first_epoch_heartbeat
+    send_command(
+        client, streams, driver.options.job_id, 1, 0, p.RestoreJob(new_attempt=1), signer=SIGNER
+    )
+    starting.join(timeout=20)
+    authority = driver.authority
+    assert isinstance(authority, ControlPlaneAuthority)
+    first = authority._next_epoch()
+    assert first is not None
+    ranges, barrier = first
+    assert not holds_records(ranges) and barrier is None
+    authority._epoch_attempt = 1  # what run() records once that epoch ended
+    assert authority._next_epoch() is None
+    authority.close()

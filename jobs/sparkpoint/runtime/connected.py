@@ -85,7 +85,7 @@ class ControlPlaneAuthority(Authority):
         self._running: QueuedBarrier | None = None  # the barrier of the epoch running now
         self._awaiting_decision = False  # after task_failed: until restore or cancel
         self._region: tuple[Region, int] | None = None  # a region failure reported, its epoch
-        self._epoch_attempt = 0  # the attempt of the last epoch that ran
+        self._epoch_attempt = 0  # the attempt of the last epoch that ended (a heartbeat)
         self._reader = EpochCommandReader(link.channel, self._obey_while_running)
         self._silence = Silence(job)
 
@@ -176,11 +176,13 @@ class ControlPlaneAuthority(Authority):
                     self._obey(channel.read(block_ms=WAIT_MS))
                     continue
                 ranges, queued = epoch
-                self._running, self._epoch_attempt = queued, self.job.attempt
+                self._running, attempt = queued, self.job.attempt
                 outcome = self.job.run_epoch(
                     runner, ranges, queued.barrier if queued else None, self
                 )
                 self._running = None
+                if outcome.failure is None:  # its heartbeat went out (a failed one has none)
+                    self._epoch_attempt = attempt
                 if outcome.failure is not None and not self._awaiting_decision:
                     # (A commit that failed while the epoch ran reported the failure already.)
                     self._fail(outcome.epoch, outcome.failure, outcome.failed, outcome.recoverable)
