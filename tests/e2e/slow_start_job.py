@@ -33,8 +33,10 @@ def main() -> int:
         time.sleep(load_s)
         return event
 
+    # A backlog: the first epoch has records, so the load runs in it (not in a later one).
+    source = GeneratorSource(events=args.events, apps=5, rate=args.rate, backlog=1_000)
     (
-        env.from_source(GeneratorSource(events=args.events, apps=5, rate=args.rate), uid="events")
+        env.from_source(source, uid="events")
         .map(enrich, uid="enrich")
         .key_by("app_id")
         .count(uid="pv", output="pv")
