@@ -203,6 +203,11 @@ class JobRuntime:
         first epoch at once; always True for one that does not say."""
         return not self.first_epoch_heartbeat or self.epoch_ends.any_of(self.attempt)
 
+    def periodic_due(self) -> bool:
+        """Whether a periodic checkpoint is due: the coordinator's interval and pause are
+        over, and the attempt's tasks run (:attr:`tasks_running`)."""
+        return self.coordinator.periodic_due() and self.tasks_running
+
     def can_become(self, status: JobStatus) -> bool:
         return status == self.status or status in TRANSITIONS[self.status]
 

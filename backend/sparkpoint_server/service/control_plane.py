@@ -387,8 +387,7 @@ class ControlPlane:
         )
         if overdue or final.due(rt):
             return True
-        periodic = rt.tasks_running and rt.coordinator.periodic_due()
-        return not stopping and (queued or periodic)
+        return not stopping and (queued or rt.periodic_due())
 
     def _checked(self, rt: JobRuntime) -> fo.Verdicts | None:
         """The verdicts of the check of a due restart's checkpoint files; None while it runs
@@ -447,12 +446,7 @@ class ControlPlane:
         stopping = rt.stop_checkpoint is not None or rt.final_requested
         if not stopping and d.trigger_queued(batch, rt):  # manual requests go first
             return
-        if (
-            rt.status is p.JobStatus.RUNNING
-            and not stopping
-            and rt.tasks_running  # the attempt's first epoch ended
-            and rt.coordinator.periodic_due()
-        ):
+        if rt.status is p.JobStatus.RUNNING and not stopping and rt.periodic_due():
             try:
                 d.trigger(batch, rt, periodic=True)
             except CheckpointTriggerError as err:  # raced with a pause or max concurrent

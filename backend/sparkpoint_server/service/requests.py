@@ -207,11 +207,7 @@ def _trigger(
         if kind is p.CheckpointKind.CHECKPOINT and not rt.tasks_running:
             # Its barrier would wait out the start-up and could expire: queued until it ended.
             starting = f"attempt {rt.attempt}'s first epoch (Spark's start-up) has not ended"
-            try:
-                d.queue_checkpoint(batch, rt, request_id, starting)
-            except CheckpointTriggerError as full:
-                raise ConflictError(str(full)) from full
-            return request_id
+            return _queued(batch, rt, request_id, starting)
         try:
             pending = d.trigger(
                 batch, rt, kind, target_directory=target, request_id=request_id, stop=stop
@@ -219,13 +215,23 @@ def _trigger(
         except CheckpointTriggerError as err:
             if err.reason is not Reason.TOO_MANY_CHECKPOINT_REQUESTS:
                 raise ConflictError(str(err)) from err
-            try:  # only manual checkpoints can be refused so: queued, as Flink does
-                d.queue_checkpoint(batch, rt, request_id, err.args[0])
-            except CheckpointTriggerError as full:
-                raise ConflictError(str(full)) from full
-            return request_id
+            # Only manual checkpoints can be refused so: queued, as Flink does.
+            return _queued(batch, rt, request_id, err.args[0])
         if cancel_job:
             rt.cancel_after.add(pending.checkpoint_id)
+    return request_id
+
+
+def _queued(batch: Batch, rt: JobRuntime, request_id: str, why: str) -> str:
+    """Queue a manual checkpoint request that cannot be triggered now (``why``); its id.
+
+    Raises:
+        ConflictError: the queue is full.
+    """
+    try:
+        d.queue_checkpoint(batch, rt, request_id, why)
+    except CheckpointTriggerError as full:
+        raise ConflictError(str(full)) from full
     return request_id
 
 

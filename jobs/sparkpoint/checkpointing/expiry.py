@@ -38,6 +38,7 @@ class EpochEnds:
         self._ends: deque[tuple[int, int, int]] = deque(maxlen=KEPT)
         # (attempt, duration ms) of the latest epochs that reported how long they ran.
         self._durations: deque[tuple[int, float]] = deque(maxlen=KEPT)
+        self._newest_attempt = 0  # the newest attempt with an epoch that ended
 
     def ended(self, attempt: int, epoch: int, at_ms: int, duration_ms: float | None = None) -> None:
         """Epoch ``epoch`` of ``attempt`` ended at ``at_ms`` (the clock the checkpoints'
@@ -45,10 +46,13 @@ class EpochEnds:
         if duration_ms is not None and self.any_of(attempt):
             self._durations.append((attempt, duration_ms))  # not an attempt's first: start-up
         self._ends.append((attempt, epoch, at_ms))
+        self._newest_attempt = max(self._newest_attempt, attempt)
 
     def any_of(self, attempt: int) -> bool:
-        """Whether an epoch of ``attempt`` ended (its tasks ran)."""
-        return any(a == attempt for a, _, _ in self._ends)
+        """Whether an epoch of ``attempt`` ended (its tasks ran). The control plane asks of
+        every running job's current attempt at every tick: that one is answered without a
+        scan."""
+        return attempt == self._newest_attempt or any(a == attempt for a, _, _ in self._ends)
 
     def shortest_ms(self, attempt: int, at_least: int = SHORTEST_AFTER) -> float | None:
         """The shortest of the latest epochs of ``attempt`` (its first, which starts the
